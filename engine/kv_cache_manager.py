@@ -1,0 +1,214 @@
+"""Block tables, reference counts and the prefix cache: the one owner of who holds which block.
+
+The valid KV ranges of a sequence `seq`, with `bs = block_size`:
+- tokens `[0, num_computed_tokens)` have their KV written, in
+  `block_table[:ceil(num_computed_tokens / bs)]`;
+- full blocks among them are hashed (and findable by later requests) once the step that wrote them
+  is over: `cache_blocks` runs after the step, never at allocation time;
+- `allocate_slots` extends the table to cover the tokens scheduled this step; the runner
+  writes their KV; only then does the scheduler advance `num_computed_tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.block_hash import BlockHash, extend_block_hashes, root_hash
+from engine.block_pool import BlockPool, KVCacheBlock
+from engine.config import CacheConfig
+from engine.sequence import Sequence
+
+CopyOp = tuple[int, int]  # (source block id, destination block id)
+NO_COPIES: tuple[CopyOp, ...] = ()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache and pool counters, summed since the manager was built."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    queries: int = 0
+    hits: int = 0
+    peak_used_blocks: int = 0
+    cow_copies: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class KVCacheManager:
+    """Hands KV blocks to sequences, shares them by reference count and finds cached prefixes."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.block_size = config.block_size
+        self.enable_prefix_caching = config.enable_prefix_caching
+        self.pool = BlockPool(config.num_blocks)
+        self.stats = PrefixCacheStats()
+        self._root = root_hash(config.hash_seed)
+        self._num_cached_blocks: dict[int, int] = {}  # seq_id -> leading blocks already hashed
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVCacheBlock], int]:
+        """Longest run of cached full blocks that prefixes `seq`, and the tokens they hold.
+
+        The hit never covers the whole sequence: at least one token is left to compute, so the step
+        that admits it produces logits.
+        """
+        if not self.enable_prefix_caching or seq.num_computed_tokens:
+            return [], 0
+        self._update_hashes(seq)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hit: list[KVCacheBlock] = []
+        for block_hash in seq.block_hashes[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit, len(hit) * self.block_size
+
+    def allocate_slots(
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_reserved_tokens: int = 0,
+    ) -> tuple[CopyOp, ...] | None:
+        """Give `seq` the slots for `num_new_tokens` more tokens; None when the pool cannot.
+
+        Args:
+            seq: the sequence; its `num_computed_tokens` does not yet count `new_computed_blocks`.
+            num_new_tokens: tokens to be computed in this step.
+            new_computed_blocks: prefix-cache hit from `get_computed_blocks`, adopted on success.
+            num_reserved_tokens: tokens beyond these that must also fit now, without being allocated
+                (admission of a resumed sequence checks its whole remaining prefill this way).
+
+        Returns:
+            The copy-on-write block copies the runner must do before writing, or None if the free
+            blocks cannot cover the new blocks, the revived free cached blocks and any copy.
+        """
+        computed = new_computed_blocks or []
+        table = seq.block_table
+        num_hit_tokens = len(computed) * self.block_size
+        num_tokens = seq.num_computed_tokens + num_hit_tokens + num_new_tokens
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(table) - len(computed)
+        cow = self._needs_copy(seq)
+        if num_new_blocks <= 0 and not cow and not num_reserved_tokens:
+            return NO_COPIES  # decode fast path: the last block has room and is ours alone
+        num_reserved_blocks = (
+            cdiv(num_tokens + num_reserved_tokens, self.block_size) - len(table) - len(computed)
+        )
+        num_revived = sum(1 for b in computed if b.ref_cnt == 0)
+        needed = max(num_new_blocks, num_reserved_blocks, 0) + cow + num_revived
+        if needed > self.pool.num_free_blocks:
+            return None
+        if computed:
+            self._adopt_hit(seq, computed)
+        copies = self._copy_on_write(seq) if cow else NO_COPIES
+        if num_new_blocks > 0:
+            table.extend(b.block_id for b in self.pool.get_new_blocks(num_new_blocks))
+        used = self.pool.num_used_blocks
+        if used > self.stats.peak_used_blocks:
+            self.stats.peak_used_blocks = used
+        return copies
+
+    def _adopt_hit(self, seq: Sequence, computed: list[KVCacheBlock]) -> None:
+        assert not seq.block_table, "a prefix hit is only taken by a sequence without blocks"
+        self.pool.touch(computed)
+        seq.block_table.extend(b.block_id for b in computed)
+        self._num_cached_blocks[seq.seq_id] = len(computed)
+
+    def record_query(self, seq: Sequence, num_hit_tokens: int) -> None:
+        """Count one prefix-cache lookup at admission (not at each retry of a blocked admission)."""
+        if self.enable_prefix_caching:
+            self.stats.queries += 1
+            self.stats.queried_tokens += seq.num_tokens
+            self.stats.hits += num_hit_tokens > 0
+            self.stats.hit_tokens += num_hit_tokens
+
+    def _needs_copy(self, seq: Sequence) -> bool:
+        """Is the next write going into a partly filled block that another sequence also holds?"""
+        if seq.num_computed_tokens % self.block_size == 0 or not seq.block_table:
+            return False
+        idx = seq.num_computed_tokens // self.block_size
+        return self.pool.blocks[seq.block_table[idx]].ref_cnt > 1
+
+    def _copy_on_write(self, seq: Sequence) -> tuple[CopyOp, ...]:
+        idx = seq.num_computed_tokens // self.block_size
+        old = self.pool.blocks[seq.block_table[idx]]
+        (new,) = self.pool.get_new_blocks(1)
+        self.pool.free_blocks([old])
+        seq.block_table[idx] = new.block_id
+        self.stats.cow_copies += 1
+        return ((old.block_id, new.block_id),)
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Register the hashes of blocks that became full in the step that just ran."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        start = self._num_cached_blocks.get(seq.seq_id, 0)
+        if num_full <= start:
+            return
+        self._update_hashes(seq)
+        blocks = self.pool.blocks
+        for i in range(start, num_full):
+            block = blocks[seq.block_table[i]]
+            if block.block_hash is None:
+                self.pool.cache_block(block, seq.block_hashes[i])
+        self._num_cached_blocks[seq.seq_id] = num_full
+
+    def _update_hashes(self, seq: Sequence) -> None:
+        extend_block_hashes(
+            seq.block_hashes, seq.token_ids, self.block_size, self._root, seq.cache_salt
+        )
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of `seq`, tail first, so a prefix's last blocks are evicted first."""
+        blocks = self.pool.blocks
+        self.pool.free_blocks(blocks[i] for i in reversed(seq.block_table))
+        seq.block_table = []
+        self._num_cached_blocks.pop(seq.seq_id, None)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let `child` share all of `parent`'s blocks; the first write to a shared partial block
+        copies it (see `allocate_slots`)."""
+        assert not child.block_table
+        blocks = self.pool.blocks
+        self.pool.touch(blocks[i] for i in parent.block_table)
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        self._num_cached_blocks[child.seq_id] = self._num_cached_blocks.get(parent.seq_id, 0)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()
+
+    def block_hash_of(self, block_id: int) -> BlockHash | None:
+        return self.pool.blocks[block_id].block_hash
+
+    def check_integrity(self, seqs: list[Sequence]) -> None:
+        """Assert the DESIGN.md invariants over the pool and the given live sequences."""
+        self.pool.check_integrity()
+        holders = [0] * self.pool.num_blocks
+        for seq in seqs:
+            assert len(seq.block_table) == cdiv(seq.num_computed_tokens, self.block_size), seq
+            for block_id in seq.block_table:
+                holders[block_id] += 1
+        for block in self.pool.blocks:
+            assert block.ref_cnt == holders[block.block_id], (block, holders[block.block_id])

@@ -1,0 +1,288 @@
+"""FCFS scheduler with a token budget, chunked prefill and preemption by recompute.
+
+One step, top to bottom:
+1. Running sequences, oldest first, each get `min(remaining tokens, budget)` new tokens. When the
+   pool cannot hold them, the most recently admitted running sequence is preempted (blocks freed,
+   back to the front of the waiting queue, to be recomputed), until it fits or the sequence itself
+   was the victim.
+2. Only if nothing was preempted: waiting sequences in arrival order, each after its prefix-cache
+   lookup (so a hit is not charged to the budget), while the budget, `max_num_seqs` and the pool
+   allow. The first one that does not fit stops admission (strict FCFS). A sequence resuming from
+   preemption is admitted only if its whole remaining prefill fits the pool, so it cannot thrash.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.config import CacheConfig, SchedulerConfig
+from engine.kv_cache_manager import CopyOp, KVCacheManager, cdiv
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """What the runner executes in one step.
+
+    `seqs[i]` gets `num_new_tokens[i]` tokens starting at its `num_computed_tokens`, through its
+    `block_table` (both read before `Scheduler.update`). `copies` are copy-on-write block copies to
+    do before any KV write. A row samples when it reaches the end of its tokens; it then draws
+    `seq.num_samples_to_draw` tokens.
+    """
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    copies: list[CopyOp] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    total_num_scheduled_tokens: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> dict[int, int]:
+        return {s.seq_id: n for s, n in zip(self.seqs, self.num_new_tokens, strict=True)}
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass
+class SchedulerStats:
+    """Scheduler counters, summed over the scheduler's life (the prefix cache has its own)."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_finished: int = 0
+    num_refused: int = 0
+    waste_slot_steps: int = 0  # sum over steps of allocated slots not holding a token
+    peak_waste_slots: int = 0
+
+
+class Scheduler:
+    """Decides which sequences run in each step and owns their status and counters."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv = KVCacheManager(cache_config)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = SchedulerStats()
+        self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
+
+    def add(self, seq: Sequence) -> None:
+        """Queue `seq`; one that can never run is finished at once, its reason in `seq.error`."""
+        reason = self._refusal(seq)
+        if reason is not None:
+            seq.error = reason
+            seq.status = SequenceStatus.FINISHED_ERROR
+            self.stats.num_refused += 1
+            return
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def _refusal(self, seq: Sequence) -> str | None:
+        n = seq.num_prompt_tokens
+        if n == 0:
+            return "empty prompt: at least one token is needed"
+        if n + 1 > self.config.max_model_len:
+            return (
+                f"prompt of {n} tokens leaves no room to generate within "
+                f"max_model_len={self.config.max_model_len}"
+            )
+        pool_tokens = self.kv.num_blocks * self.block_size
+        if cdiv(n + 1, self.block_size) > self.kv.num_blocks:
+            return (
+                f"prompt of {n} tokens plus one generated token needs "
+                f"{cdiv(n + 1, self.block_size)} KV blocks; the whole pool has "
+                f"{self.kv.num_blocks} ({pool_tokens} tokens)"
+            )
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---------------------------------------------------------------- schedule
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            budget = self._schedule_waiting(out, budget)
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            copies = self.kv.allocate_slots(seq, n)
+            while copies is None:
+                victim = running.pop()
+                if victim is seq and not running:
+                    self._cap(seq)  # alone with the whole pool and still no room
+                    return budget
+                self._preempt(victim, out)
+                if victim is seq:
+                    return budget
+                copies = self.kv.allocate_slots(seq, n)
+            self._add_row(out, seq, n, copies)
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        waiting = self.waiting
+        max_seqs = self.config.max_num_seqs
+        while waiting and budget > 0:
+            seq = waiting[0]
+            if cdiv(seq.num_tokens, self.block_size) > self.kv.num_blocks:
+                waiting.popleft()
+                self._cap(seq)  # grew past the whole pool while it was preempted
+                continue
+            if len(self.running) + seq.num_samples_to_draw > max_seqs and self.running:
+                break
+            hit, num_hit = self.kv.get_computed_blocks(seq)
+            remaining = seq.num_tokens - num_hit
+            n = min(remaining, budget)
+            # A resumed sequence must fit whole, or it would be preempted again (thrash).
+            reserve = remaining - n if seq.status == SequenceStatus.PREEMPTED else 0
+            copies = self.kv.allocate_slots(seq, n, hit, num_reserved_tokens=reserve)
+            if copies is None:
+                break
+            waiting.popleft()
+            self.kv.record_query(seq, num_hit)
+            seq.num_computed_tokens = num_hit
+            seq.num_cached_tokens += num_hit
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._add_row(out, seq, n, copies)
+            budget -= n
+        return budget
+
+    def _add_row(self, out: SchedulerOutput, seq: Sequence, n: int, copies: tuple) -> None:
+        out.seqs.append(seq)
+        out.num_new_tokens.append(n)
+        if copies:
+            out.copies.extend(copies)
+        c = seq.num_computed_tokens
+        if c < seq._max_computed_tokens:
+            recomputed = min(c + n, seq._max_computed_tokens) - c
+            seq.num_recomputed_tokens += recomputed
+            self.stats.num_recomputed_tokens += recomputed
+        if n == 1 and c >= seq.num_prompt_tokens:
+            self.stats.num_decode_tokens += 1
+        else:
+            self.stats.num_prefill_tokens += n
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.kv.free(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, out: SchedulerOutput, sampled_token_ids: list[list[int]]) -> list[Sequence]:
+        """Apply a step's results; return the sequences that finished in it.
+
+        `sampled_token_ids[i]` holds the tokens drawn for `out.seqs[i]`: empty for a row that did
+        not reach the end of its tokens (a prefill chunk), else `seq.num_samples_to_draw` tokens.
+        """
+        finished, self._capped = self._capped, []
+        for seq, n, sampled in zip(out.seqs, out.num_new_tokens, sampled_token_ids, strict=True):
+            if seq.is_finished:  # finished from outside (abort, stop string) during the step
+                continue
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens > seq._max_computed_tokens:
+                seq._max_computed_tokens = seq.num_computed_tokens
+            self.kv.cache_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                assert not sampled, f"sampled a token for a partial prefill of {seq}"
+                continue
+            if len(sampled) > 1:
+                self._fork(seq, sampled[1:], finished)
+            self._append_token(seq, sampled[0], finished)
+        if finished:
+            self.running = [s for s in self.running if not s.is_finished]
+        self.stats.num_steps += 1
+        self._account_waste()
+        if self.config.debug:
+            self.check_invariants()
+        return finished
+
+    def _fork(self, parent: Sequence, tokens: list[int], finished: list[Sequence]) -> None:
+        for i, token in enumerate(tokens, start=1):
+            child = parent.fork(sample_index=i)
+            self.kv.fork(parent, child)
+            self.running.append(child)
+            self._append_token(child, token, finished)
+
+    def _append_token(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
+        seq.token_ids.append(token)
+        params = seq.sampling_params
+        if (token == seq.eos_token_id and not params.ignore_eos) or params.is_stop_token(token):
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED, token)
+        elif seq.num_output_tokens >= params.max_tokens:
+            self._finish(seq, SequenceStatus.FINISHED_LENGTH)
+        elif seq.num_tokens >= self.config.max_model_len:
+            self._finish(seq, SequenceStatus.FINISHED_LENGTH, "max_model_len")
+        else:
+            return
+        finished.append(seq)
+
+    def finish(self, seqs: Iterable[Sequence], status: SequenceStatus, reason=None) -> None:
+        """Finish sequences from outside (stop string matched, request cancelled)."""
+        for seq in seqs:
+            if not seq.is_finished:
+                if seq in self.running:
+                    self.running.remove(seq)
+                elif seq in self.waiting:
+                    self.waiting.remove(seq)
+                self._finish(seq, status, reason)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus, reason=None) -> None:
+        assert status.is_finished
+        seq.status = status
+        seq.stop_reason = reason
+        if seq.block_table:
+            seq.tail_waste = len(seq.block_table) * self.block_size - seq.num_computed_tokens
+        self.kv.free(seq)
+        self.stats.num_finished += 1
+
+    def _cap(self, seq: Sequence) -> None:
+        """Finish a sequence that needs more KV than the whole pool holds (never retried)."""
+        self._finish(seq, SequenceStatus.FINISHED_LENGTH, "kv_cache_full")
+        self._capped.append(seq)
+
+    def _account_waste(self) -> None:
+        waste = 0
+        bs = self.block_size
+        for seq in self.running:
+            waste += len(seq.block_table) * bs - seq.num_computed_tokens
+        self.stats.waste_slot_steps += waste
+        if waste > self.stats.peak_waste_slots:
+            self.stats.peak_waste_slots = waste
+
+    def check_invariants(self) -> None:
+        """Assert DESIGN.md's invariants: pool accounting, ref counts, one table per sequence."""
+        self.kv.check_integrity(self.running)
+        assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
+        assert len(self.running) <= self.config.max_num_seqs or all(
+            s.sampling_params.n > 1 for s in self.running
+        )
+        for seq in self.running:
+            assert seq.status == SequenceStatus.RUNNING, seq

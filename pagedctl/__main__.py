@@ -1,0 +1,3 @@
+from pagedctl.cli import main
+
+main()
