@@ -73,6 +73,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
         self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
+        self._num_pending_forks = 0  # children that running, not yet forked parents will add
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`; one that can never run is finished at once, its reason in `seq.error`."""
@@ -130,6 +131,7 @@ class Scheduler:
             while copies is None:
                 victim = running.pop()
                 if victim is seq and not running:
+                    self._num_pending_forks -= seq.num_samples_to_draw - 1
                     self._cap(seq)  # alone with the whole pool and still no room
                     return budget
                 self._preempt(victim, out)
@@ -150,8 +152,10 @@ class Scheduler:
                 waiting.popleft()
                 self._cap(seq)  # grew past the whole pool while it was preempted
                 continue
-            if len(self.running) + seq.num_samples_to_draw > max_seqs and self.running:
-                break
+            num_samples = seq.num_samples_to_draw
+            num_slots = len(self.running) + self._num_pending_forks + num_samples
+            if num_slots > max_seqs and self.running:
+                break  # (a request with n > max_num_seqs still runs, alone)
             hit, num_hit = self.kv.get_computed_blocks(seq)
             remaining = seq.num_tokens - num_hit
             n = min(remaining, budget)
@@ -161,6 +165,7 @@ class Scheduler:
             if copies is None:
                 break
             waiting.popleft()
+            self._num_pending_forks += num_samples - 1
             self.kv.record_query(seq, num_hit)
             seq.num_computed_tokens = num_hit
             seq.num_cached_tokens += num_hit
@@ -186,6 +191,7 @@ class Scheduler:
             self.stats.num_prefill_tokens += n
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self._num_pending_forks -= seq.num_samples_to_draw - 1
         self.kv.free(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -225,6 +231,7 @@ class Scheduler:
         return finished
 
     def _fork(self, parent: Sequence, tokens: list[int], finished: list[Sequence]) -> None:
+        self._num_pending_forks -= len(tokens)
         for i, token in enumerate(tokens, start=1):
             child = parent.fork(sample_index=i)
             self.kv.fork(parent, child)
@@ -250,6 +257,7 @@ class Scheduler:
             if not seq.is_finished:
                 if seq in self.running:
                     self.running.remove(seq)
+                    self._num_pending_forks -= seq.num_samples_to_draw - 1
                 elif seq in self.waiting:
                     self.waiting.remove(seq)
                 self._finish(seq, status, reason)
@@ -281,8 +289,10 @@ class Scheduler:
         """Assert DESIGN.md's invariants: pool accounting, ref counts, one table per sequence."""
         self.kv.check_integrity(self.running)
         assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
-        assert len(self.running) <= self.config.max_num_seqs or all(
-            s.sampling_params.n > 1 for s in self.running
-        )
+        pending = sum(s.num_samples_to_draw - 1 for s in self.running)
+        assert pending == self._num_pending_forks, (pending, self._num_pending_forks)
+        assert len(self.running) + pending <= self.config.max_num_seqs or (
+            len({s.request_id for s in self.running}) == 1
+        ), "max_num_seqs exceeded"
         for seq in self.running:
             assert seq.status == SequenceStatus.RUNNING, seq
