@@ -1,0 +1,78 @@
+"""Per-step attention metadata and the attention layer that runs on the paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from kernels import paged_attention, write_kv
+
+KVCache = tuple[Tensor, Tensor]  # one layer's K and V, each [num_blocks, block_size, Hkv, D]
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go in the KV cache and what each sequence attends to.
+
+    Built by the model runner once per step and shared by every layer.
+
+    Attributes:
+        slot_mapping: int64 `[num_tokens]`, cache slot of each new token
+            (`block_id * block_size + offset`), < 0 for padding (skipped).
+        block_tables: int32 `[num_seqs, max_blocks]`, block ids of each sequence (rows padded).
+        seq_lens: int32 `[num_seqs]`, KV length of each sequence including this step's tokens.
+        cu_seqlens_q: int32 `[num_seqs + 1]`, start offset of each sequence's new tokens.
+        max_seqlen_q: most new tokens of any sequence in the step.
+        max_seqlen_k: longest `seq_lens` entry.
+    """
+
+    slot_mapping: Tensor
+    block_tables: Tensor
+    seq_lens: Tensor
+    cu_seqlens_q: Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+class PagedAttention(nn.Module):
+    """Write the new tokens' K/V into the cache, then attend over the cache through block tables.
+
+    History (earlier chunks, prefix-cache hits, decode context) is read from the cache only, so
+    one code path serves prefill, chunked prefill, prefix hits and decode.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                f"({num_kv_heads})"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> Tensor:
+        """q `[T, H, D]`, k/v `[T, Hkv, D]` -> attention output `[T, H, D]`."""
+        k_cache, v_cache = kv_cache
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.cu_seqlens_q,
+            meta.max_seqlen_q,
+            meta.max_seqlen_k,
+            self.scale,
+        )

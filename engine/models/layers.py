@@ -1,0 +1,220 @@
+"""Building blocks of a Llama-family decoder and the config switches that choose them.
+
+`model_spec` reads a Hugging Face config into a `ModelSpec` (rejecting what we do not run);
+the modules are linear, embedding, RMSNorm, gated MLP and rotary embedding.
+
+Parameters are created uninitialised (`torch.empty`) in the current default dtype and device;
+`load_weights` or `init_dummy_weights` fills them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Linear(nn.Module):
+    """`y = x @ W^T (+ b)` with uninitialised parameters (no costly init on construction)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply the projection to the last axis of `x`."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Token embedding table with an uninitialised weight `[vocab, hidden]`."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Look up the rows of `ids`."""
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last axis, computed in float32 (as Hugging Face does)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise `x` and scale by the learned weight; keeps `x`'s dtype."""
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP with gate and up projections fused into one matmul: `down(silu(gate) * up)`."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply the MLP to `[tokens, hidden]`."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding settings, already validated.
+
+    Attributes:
+        rope_type: "default", "linear" or "llama3".
+        theta: base wavelength.
+        factor: frequency divisor of "linear" and "llama3".
+        low_freq_factor, high_freq_factor, original_max_position: "llama3" smoothing band.
+    """
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+class UnsupportedModelError(ValueError):
+    """The model (architecture, RoPE variant, activation...) is outside what pagedctl runs."""
+
+
+def rope_config(hf_config: object) -> RopeConfig:
+    """Read RoPE settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling`."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if params is None:
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+    theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type not in ("default", "linear", "llama3"):
+        raise UnsupportedModelError(
+            f"RoPE type {rope_type!r} is not supported; use a model with default, linear or "
+            "llama3 RoPE"
+        )
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    if rope_type == "default":
+        return RopeConfig(theta=theta)
+    if rope_type == "linear":
+        return RopeConfig("linear", theta, float(params["factor"]))
+    original = params.get("original_max_position_embeddings") or hf_config.max_position_embeddings
+    return RopeConfig(
+        "llama3",
+        theta,
+        float(params["factor"]),
+        float(params["low_freq_factor"]),
+        float(params["high_freq_factor"]),
+        int(original),
+    )
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> Tensor:
+    """Inverse frequencies `[head_dim // 2]` (float32, on the CPU) for the given RoPE variant."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type != "llama3":
+        return inv_freq
+    # Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
+    low_wavelen = rope.original_max_position / rope.low_freq_factor
+    high_wavelen = rope.original_max_position / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape and family switches of a decoder, read from a Hugging Face config."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_positions: int
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    rope: RopeConfig
+
+
+def model_spec(cfg: object) -> ModelSpec:
+    """Validate a LlamaConfig / Qwen2Config / Qwen3Config and read the switches it implies."""
+    family = getattr(cfg, "model_type", None)
+    if family not in ("llama", "qwen2", "qwen3"):
+        raise UnsupportedModelError(
+            f"model_type {family!r} is not supported; use a llama, qwen2 or qwen3 model"
+        )
+    for name, ok in (("hidden_act", "silu"), ("mlp_bias", False), ("use_sliding_window", False)):
+        if getattr(cfg, name, ok) != ok:
+            raise UnsupportedModelError(f"{name}={getattr(cfg, name)!r} is not supported")
+    heads = cfg.num_attention_heads
+    attention_bias = bool(getattr(cfg, "attention_bias", False))
+    return ModelSpec(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        rms_norm_eps=cfg.rms_norm_eps,
+        max_positions=cfg.max_position_embeddings,
+        qkv_bias=family == "qwen2" or attention_bias,
+        o_bias=family != "qwen2" and attention_bias,
+        qk_norm=family == "qwen3",
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        rope=rope_config(cfg),
+    )
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding (rotate halves): a cos/sin table looked up by position.
+
+    The table is computed on the CPU in float32, then stored in the model's dtype and device:
+    the values Hugging Face computes on every call.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
+        super().__init__()
+        positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")
+        freqs = torch.outer(positions, rope_inv_freq(head_dim, rope))
+        device, dtype = torch.get_default_device(), torch.get_default_dtype()
+        self.register_buffer("cos", freqs.cos().to(device, dtype), persistent=False)
+        self.register_buffer("sin", freqs.sin().to(device, dtype), persistent=False)
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin `[T, 1, head_dim // 2]` for the tokens' `positions` `[T]`."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the two halves of `x` `[T, heads, head_dim]` by the angles behind `cos`/`sin`."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,234 @@
+"""One Llama-family decoder for Llama (SmolLM2, Llama 3), Qwen2 and Qwen3, on a paged KV cache.
+
+The families differ only by switches read from the Hugging Face config: q/k/v bias (Qwen2),
+per-head q/k RMSNorm before RoPE and an explicit head_dim (Qwen3), RoPE scaling (Llama 3),
+tied embeddings. q/k/v and gate/up projections are fused; `load_weights` splits HF names onto them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.attention import AttentionMetadata, KVCache, PagedAttention
+from engine.models.layers import (
+    Embedding,
+    GatedMLP,
+    Linear,
+    ModelSpec,
+    RMSNorm,
+    RotaryEmbedding,
+    UnsupportedModelError,
+    apply_rotary,
+    model_spec,
+)
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+Rope = tuple[Tensor, Tensor]  # cos, sin of this step's positions
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint does not match the model: unknown, missing or misshapen tensors."""
+
+
+class SelfAttention(nn.Module):
+    """Fused q/k/v projection, optional q/k norm, RoPE, paged attention, output projection."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.head_dim = spec.head_dim
+        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias)
+        self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.attn = PagedAttention(
+            spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.head_dim**-0.5
+        )
+
+    def forward(self, x: Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> Tensor:
+        """`[T, hidden]` -> `[T, hidden]`; writes this step's K/V into `kv_cache`."""
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.q_size // self.head_dim, self.head_dim)
+        k = k.reshape(-1, self.kv_size // self.head_dim, self.head_dim)
+        v = v.reshape(-1, self.kv_size // self.head_dim, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta).flatten(1))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: attention then gated MLP."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(spec)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x: Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> Tensor:
+        """One decoder layer over the flat batch `[T, hidden]`."""
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.max_positions, spec.rope)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama/Qwen2/Qwen3 decoder whose attention reads and writes a paged KV cache."""
+
+    def __init__(
+        self,
+        hf_config: object,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        spec = model_spec(hf_config)
+        self.spec = spec
+        self.num_layers, self.num_kv_heads = spec.num_layers, spec.num_kv_heads
+        self.head_dim, self.vocab_size = spec.head_dim, spec.vocab_size
+        self.dtype = dtype
+        with _default_dtype(dtype), torch.device(device):
+            self.model = LlamaModel(spec)
+        with _default_dtype(dtype), torch.device("meta" if spec.tie_word_embeddings else device):
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size)  # no memory when tied
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> Tensor:
+        """Hidden states `[num_tokens, hidden]` of a flat varlen batch (int64 ids and positions)."""
+        x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary(positions)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, rope, kv_cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """Float32 logits `[rows, vocab]` of the rows that sample."""
+        return F.linear(hidden, self.lm_head.weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, cast to the model's dtype and device.
+
+        `rotary_emb.inv_freq` is ignored; `lm_head.weight` is optional (the embedding is reused
+        when it is absent or the config ties them). Raises `WeightLoadError` listing unknown,
+        missing or misshapen names.
+        """
+        slots = self._hf_slots()
+        loaded: set[str] = set()
+        unknown: list[str] = []
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq") or (
+                name == "lm_head.weight" and name not in slots  # tied: the embedding serves
+            ):
+                continue
+            slot = slots.get(name)
+            if slot is None:
+                unknown.append(name)
+            elif slot.shape != tensor.shape:
+                raise WeightLoadError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
+                    f"{tuple(slot.shape)}; does config.json belong to these weights?"
+                )
+            else:
+                slot.copy_(tensor)
+                loaded.add(name)
+        missing = sorted(slots.keys() - loaded)
+        if missing == ["lm_head.weight"]:
+            self.lm_head.weight = self.model.embed_tokens.weight
+            missing = []
+        if unknown or missing:
+            raise WeightLoadError(
+                f"checkpoint does not match the model: unknown {_short(unknown)}, "
+                f"missing {_short(missing)}; check that config.json belongs to these weights"
+            )
+
+    def init_dummy_weights(self, seed: int = 0) -> None:
+        """Random weights for benchmarks: normal(0, 0.02) matrices, zero biases, unit norms."""
+        device = self.model.embed_tokens.weight.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                elif name.endswith(".bias"):
+                    param.zero_()
+                else:
+                    param.normal_(0.0, 0.02, generator=gen)
+
+    def _hf_slots(self) -> dict[str, Tensor]:
+        """HF tensor name -> the parameter, or the slice of a fused one, that it fills."""
+        sp = self.spec
+        q, kv, inter = (
+            sp.num_heads * sp.head_dim,
+            sp.num_kv_heads * sp.head_dim,
+            sp.intermediate_size,
+        )
+        shards = {
+            "qkv_proj": (("q_proj", q), ("k_proj", kv), ("v_proj", kv)),
+            "gate_up_proj": (("gate_proj", inter), ("up_proj", inter)),
+        }
+        slots = {}
+        for name, param in self.named_parameters():
+            module, _, kind = name.rpartition(".")
+            prefix, _, leaf = module.rpartition(".")
+            offset = 0
+            for hf_leaf, rows in shards.get(leaf, ()):
+                slots[f"{prefix}.{hf_leaf}.{kind}"] = param.detach().narrow(0, offset, rows)
+                offset += rows
+            if leaf not in shards:
+                slots[name] = param.detach()
+        return slots
+
+
+def build_model(
+    hf_config: object, dtype: torch.dtype, device: torch.device | str
+) -> LlamaForCausalLM:
+    """Build the decoder for a supported `architectures` entry (weights uninitialised)."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
+        raise UnsupportedModelError(
+            f"architecture {archs} is not supported; pagedctl runs "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return LlamaForCausalLM(hf_config, dtype, device)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily make `dtype` the default so parameters are created in it directly."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _short(names: list[str], limit: int = 8) -> str:
+    """At most `limit` names, then a count of the rest."""
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return f"[{', '.join(names[:limit])}]{more}"

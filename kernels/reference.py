@@ -1,0 +1,132 @@
+"""Pure-PyTorch reference ops: the contract the Triton kernels follow, and the CPU path.
+
+KV cache per layer: `k_cache` and `v_cache`, each `[num_blocks, block_size, num_kv_heads, head_dim]`
+(views are fine). Block ids are int32 in tables and int64 in address arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+Q_CHUNK = 256  # query rows per score matrix: bounds memory at num_heads * Q_CHUNK * seq_len floats
+
+
+def write_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """Store each new token's K/V row at its slot (`block_id * block_size + offset`).
+
+    Args:
+        key, value: `[num_tokens, num_kv_heads, head_dim]`.
+        k_cache, v_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, written in place.
+        slot_mapping: int64 `[num_tokens]`; a slot < 0 is padding and is skipped.
+    """
+    slots = slot_mapping.to(torch.int64)
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    block_size = k_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = key.to(k_cache.dtype)
+    v_cache[blocks, offsets] = value.to(v_cache.dtype)
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+) -> Tensor:
+    """Causal attention of a flat varlen batch of queries over a paged KV cache.
+
+    Query j of the `q_len_i` new tokens of sequence i sits at position `seq_lens[i] - q_len_i + j`
+    and attends to keys `[0, position]`, read through `block_tables[i]`. Prefill, chunked prefill,
+    prefix-cache hits and decode are all this one call. Decode rows (`q_len == 1`) are batched
+    together; other sequences go one at a time, `Q_CHUNK` query rows at a time. Scores and
+    softmax are computed in float32.
+
+    Args:
+        q: `[num_tokens, num_heads, head_dim]`; `num_heads % num_kv_heads == 0` (GQA).
+        k_cache, v_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`.
+        block_tables: int32 `[num_seqs, max_blocks_per_seq]`; padding past a sequence is never read.
+        seq_lens: int32 `[num_seqs]`, KV length including this step's tokens.
+        cu_seqlens_q: int32 `[num_seqs + 1]`, query start offsets into `q`.
+        max_seqlen_q, max_seqlen_k: largest query / KV length in the batch (unused here).
+        softmax_scale: multiplier of `q @ k^T`, usually `head_dim ** -0.5`.
+
+    Returns:
+        `[num_tokens, num_heads, head_dim]` in `q`'s dtype.
+    """
+    assert q.shape[1] % k_cache.shape[2] == 0, "num_heads must be a multiple of num_kv_heads"
+    out = torch.empty_like(q)
+    starts = cu_seqlens_q[:-1].to(torch.int64)
+    q_lens = cu_seqlens_q[1:].to(torch.int64) - starts
+    decode = (q_lens == 1).nonzero().flatten()
+    if decode.numel() > 0:
+        rows = starts[decode]
+        tables, lens = block_tables[decode], seq_lens[decode]
+        out[rows] = _attend(q[rows, None], k_cache, v_cache, tables, lens, softmax_scale)[:, 0]
+    for i in (q_lens > 1).nonzero().flatten().tolist():
+        start, end, seq_len = int(starts[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i])
+        for lo in range(start, end, Q_CHUNK):
+            hi = min(lo + Q_CHUNK, end)
+            visible = seq_lens.new_tensor([seq_len - (end - hi)])  # keys of the chunk's last row
+            table = block_tables[i : i + 1]
+            out[lo:hi] = _attend(q[None, lo:hi], k_cache, v_cache, table, visible, softmax_scale)[0]
+    return out
+
+
+def _attend(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """Attention of `S` sequences with the same query length: q `[S, Q, H, D]` -> `[S, Q, H, D]`."""
+    num_seqs, q_len, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    seq_lens = seq_lens.to(torch.int64)
+    kv_len = int(seq_lens.max())
+    k, v = _gather_kv(k_cache, v_cache, block_tables, seq_lens, kv_len)
+    # Heads of one KV head folded into the row axis: [S, Hkv, G*Q, D] against [S, Hkv, L, D].
+    qf = (q.float() * scale).view(num_seqs, q_len, num_kv_heads, group, head_dim)
+    qf = qf.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * q_len, head_dim)
+    scores = torch.matmul(qf, k.transpose(-1, -2))
+    q_pos = seq_lens[:, None] - q_len + torch.arange(q_len, device=q.device)
+    key_pos = torch.arange(kv_len, device=q.device)
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # causal; also hides positions >= seq_len
+    mask = mask[:, None, None].expand(num_seqs, 1, group, q_len, kv_len)
+    scores.masked_fill_(~mask.reshape(num_seqs, 1, group * q_len, kv_len), float("-inf"))
+    o = torch.matmul(torch.softmax(scores, dim=-1), v)
+    o = o.view(num_seqs, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
+    return o.reshape(num_seqs, q_len, num_heads, head_dim).to(q.dtype)
+
+
+def _gather_kv(
+    k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, kv_len: int
+) -> tuple[Tensor, Tensor]:
+    """Gather `kv_len` positions of each sequence as float32 K and V `[S, Hkv, L, D]`.
+
+    Whole blocks are gathered through the table; columns past a sequence's last block read
+    block 0 instead (table padding is never read) and V past its length is zeroed, so garbage
+    or NaN in unused cache rows cannot reach the output.
+    """
+    block_size = k_cache.shape[1]
+    num_cols = -(-kv_len // block_size)
+    cols = torch.arange(num_cols, device=seq_lens.device)
+    used = cols[None, :] * block_size < seq_lens[:, None]
+    blocks = torch.where(used, block_tables[:, :num_cols].to(torch.int64), 0)
+    k = k_cache[blocks].flatten(1, 2)[:, :kv_len].float()  # [S, L, Hkv, D], a fresh copy
+    v = v_cache[blocks].flatten(1, 2)[:, :kv_len].float()
+    past_end = torch.arange(kv_len, device=seq_lens.device)[None, :] >= seq_lens[:, None]
+    v.masked_fill_(past_end[:, :, None, None], 0.0)  # K there is masked out of the scores
+    return k.transpose(1, 2), v.transpose(1, 2)
