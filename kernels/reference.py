@@ -7,6 +7,7 @@ KV cache per layer: `k_cache` and `v_cache`, each `[num_blocks, block_size, num_
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 Q_CHUNK = 256  # query rows per score matrix: bounds memory at num_heads * Q_CHUNK * seq_len floats
@@ -26,6 +27,10 @@ def write_kv(
     keep = slots >= 0
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        k_cache.flatten(0, 1).index_copy_(0, slots, key.to(k_cache.dtype))
+        v_cache.flatten(0, 1).index_copy_(0, slots, value.to(v_cache.dtype))
+        return
     block_size = k_cache.shape[1]
     blocks, offsets = slots // block_size, slots % block_size
     k_cache[blocks, offsets] = key.to(k_cache.dtype)
@@ -48,8 +53,8 @@ def paged_attention(
     Query j of the `q_len_i` new tokens of sequence i sits at position `seq_lens[i] - q_len_i + j`
     and attends to keys `[0, position]`, read through `block_tables[i]`. Prefill, chunked prefill,
     prefix-cache hits and decode are all this one call. Decode rows (`q_len == 1`) are batched
-    together; other sequences go one at a time, `Q_CHUNK` query rows at a time. Scores and
-    softmax are computed in float32.
+    together; other sequences go one at a time, `Q_CHUNK` query rows at a time. Softmax and
+    accumulation are in float32.
 
     Args:
         q: `[num_tokens, num_heads, head_dim]`; `num_heads % num_kv_heads == 0` (GQA).
@@ -90,43 +95,47 @@ def _attend(
     seq_lens: Tensor,
     scale: float,
 ) -> Tensor:
-    """Attention of `S` sequences with the same query length: q `[S, Q, H, D]` -> `[S, Q, H, D]`."""
-    num_seqs, q_len, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    """Attention of `S` sequences with the same query length: q `[S, Q, H, D]` -> `[S, Q, H, D]`.
+
+    One fused `scaled_dot_product_attention` call (GQA without repeating K/V; float32 softmax and
+    accumulation inside it) over the gathered K/V, with a boolean mask that is causal and hides
+    positions past each sequence's length.
+    """
+    q_len = q.shape[1]
     seq_lens = seq_lens.to(torch.int64)
     kv_len = int(seq_lens.max())
     k, v = _gather_kv(k_cache, v_cache, block_tables, seq_lens, kv_len)
-    # Heads of one KV head folded into the row axis: [S, Hkv, G*Q, D] against [S, Hkv, L, D].
-    qf = (q.float() * scale).view(num_seqs, q_len, num_kv_heads, group, head_dim)
-    qf = qf.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * q_len, head_dim)
-    scores = torch.matmul(qf, k.transpose(-1, -2))
     q_pos = seq_lens[:, None] - q_len + torch.arange(q_len, device=q.device)
     key_pos = torch.arange(kv_len, device=q.device)
-    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # causal; also hides positions >= seq_len
-    mask = mask[:, None, None].expand(num_seqs, 1, group, q_len, kv_len)
-    scores.masked_fill_(~mask.reshape(num_seqs, 1, group * q_len, kv_len), float("-inf"))
-    o = torch.matmul(torch.softmax(scores, dim=-1), v)
-    o = o.view(num_seqs, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
-    return o.reshape(num_seqs, q_len, num_heads, head_dim).to(q.dtype)
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, L]
+    o = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2),
+        k.float(),
+        v.float(),
+        attn_mask=mask[:, None],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return o.transpose(1, 2).to(q.dtype)
 
 
 def _gather_kv(
     k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, kv_len: int
 ) -> tuple[Tensor, Tensor]:
-    """Gather `kv_len` positions of each sequence as float32 K and V `[S, Hkv, L, D]`.
+    """Gather `kv_len` positions of each sequence as K and V `[S, Hkv, L, D]` (strided views).
 
-    Whole blocks are gathered through the table; columns past a sequence's last block read
-    block 0 instead (table padding is never read) and V past its length is zeroed, so garbage
-    or NaN in unused cache rows cannot reach the output.
+    Positions past a sequence's end read its own last slot instead: the mask hides them, and
+    reading only slots the sequence has written keeps stale data of other sequences (even NaN,
+    where 0 * NaN would leak through the mask) out, and table padding unread.
     """
     block_size = k_cache.shape[1]
-    num_cols = -(-kv_len // block_size)
-    cols = torch.arange(num_cols, device=seq_lens.device)
-    used = cols[None, :] * block_size < seq_lens[:, None]
-    blocks = torch.where(used, block_tables[:, :num_cols].to(torch.int64), 0)
-    k = k_cache[blocks].flatten(1, 2)[:, :kv_len].float()  # [S, L, Hkv, D], a fresh copy
-    v = v_cache[blocks].flatten(1, 2)[:, :kv_len].float()
-    past_end = torch.arange(kv_len, device=seq_lens.device)[None, :] >= seq_lens[:, None]
-    v.masked_fill_(past_end[:, :, None, None], 0.0)  # K there is masked out of the scores
+    pos = torch.minimum(
+        torch.arange(kv_len, device=seq_lens.device)[None, :], seq_lens[:, None] - 1
+    )
+    slots = block_tables.to(torch.int64).gather(1, pos // block_size) * block_size
+    slots = (slots + pos % block_size).flatten()
+    shape = (*pos.shape, *k_cache.shape[2:])
+    # index_select on the flattened cache is far faster than 2-D advanced indexing on the CPU.
+    k = k_cache.flatten(0, 1).index_select(0, slots).view(shape)  # [S, L, Hkv, D], a copy
+    v = v_cache.flatten(0, 1).index_select(0, slots).view(shape)
     return k.transpose(1, 2), v.transpose(1, 2)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pagedctl import __version__
+from pagedctl.models_cmd import models_app
 
 app = typer.Typer(
     name="pagedctl",
@@ -22,6 +23,7 @@ bench_app = typer.Typer(
     help="Benchmarks: the engine against its peers, measured in the same run.", no_args_is_help=True
 )
 app.add_typer(bench_app, name="bench")
+app.add_typer(models_app, name="models")
 console = Console()
 
 
@@ -92,6 +94,60 @@ def bench_scheduler(
             "target_us_per_seq": 2.0,
             "environment": environment(),
             "results": [r.as_dict() for r in results],
+        }
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {output}")
+
+
+@bench_app.command("transformers")
+def bench_transformers(
+    prompts: Path = typer.Option(
+        Path("recipes/data/w6_chat.jsonl"), help="JSONL of {custom_id, messages, max_tokens}."
+    ),
+    model: str | None = typer.Option(None, help="Model (default: the bundled SmolLM2-135M)."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    hf_batch_size: int = typer.Option(
+        32, min=1, help="Padded batch size of the transformers side."
+    ),
+    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (both sides)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write results as JSON."),
+) -> None:
+    """The engine vs transformers `generate` with padded batches: same prompts, same run.
+
+    Greedy, each request's own max_tokens, EOS honoured; output tokens per second of each side
+    and their ratio (target on CPU: 1.5x or more).
+    """
+    from pagedctl import bench_transformers as bt
+    from pagedctl.envinfo import environment
+
+    result = bt.run(prompts, model, device, hf_batch_size, dtype=dtype)
+    table = Table(
+        title=f"{result['requests']} chat requests, {result['prompt_tokens']} prompt tokens"
+    )
+    for col in ("side", "wall s", "output tokens", "output tok/s"):
+        table.add_column(col, justify="right")
+    for side in ("engine", "transformers"):
+        r = result[side]
+        table.add_row(
+            side, f"{r['wall_s']:.2f}", str(r["output_tokens"]), f"{r['output_tok_s']:.1f}"
+        )
+    console.print(table)
+    console.print(
+        f"ratio (engine / transformers, output tok/s): {result['ratio_output_tok_s']:.2f}x; "
+        f"identical outputs: {result['identical_outputs']}/{result['requests']}"
+    )
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        cmd = (
+            f"pagedctl bench transformers --prompts {prompts} --device {device} "
+            + (f"--dtype {dtype} ")
+            + (f"--hf-batch-size {hf_batch_size}" + (f" --model {model}" if model else ""))
+        )
+        doc = {
+            "benchmark": "engine vs transformers generate (W6)",
+            "command": cmd,
+            "environment": environment(),
+            **result,
         }
         output.write_text(json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {output}")

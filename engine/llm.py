@@ -1,0 +1,268 @@
+"""`LLM`: the engine's public entry point — load a model, size the KV cache, run requests."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import asdict
+
+import torch
+
+from engine.config import CacheConfig, SchedulerConfig
+from engine.device import default_cpu_kv_bytes, resolve_device, resolve_dtype
+from engine.kv_sizing import KVLayout, format_bytes, max_concurrency, parse_bytes
+from engine.model_runner import ModelRunner
+from engine.models import build_model
+from engine.outputs import RequestOutput
+from engine.requests import PromptInput, RequestTracker
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import SequenceStatus
+from engine.weights import iter_weights, load_tokenizer, resolve_model
+
+logger = logging.getLogger("engine")
+
+ParamsArg = SamplingParams | Seq[SamplingParams] | None
+
+
+class LLM:
+    """Offline generation on the paged engine.
+
+    Args:
+        model: a local Hugging Face folder, a GGUF file, a preset name (dummy weights), a model
+            id in the local Hugging Face cache, or None for the bundled SmolLM2-135M-Instruct.
+        block_size: tokens per KV block.
+        num_blocks: KV blocks in the pool (overrides the memory-based sizing).
+        kv_cache_memory: bytes for the KV cache ("4GiB", "512MiB" or a number).
+        gpu_memory_utilization: on CUDA, the fraction of the device's total memory this process may
+            use for weights, activations and the KV cache together.
+        max_num_seqs: most sequences running at once.
+        max_num_batched_tokens: token budget of one step (chunked prefill beyond it).
+        max_model_len: longest sequence; defaults to the model's, capped by the pool.
+        enable_prefix_caching: share full KV blocks between requests with the same prefix.
+        dtype: "auto", "float32", "float16" or "bfloat16" (weights and KV cache).
+        device: "auto", "cpu" or "cuda[:N]".
+        seed: seed of the dummy weights and of unseeded sampling.
+        load_format: "auto" or "dummy" (random weights of the model's config).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory: str | int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device = "auto",
+        seed: int = 0,
+        load_format: str = "auto",
+    ) -> None:
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.source = resolve_model(model, load_format)
+        self.hf_config = self.source.hf_config
+        self.model = build_model(self.hf_config, self.dtype, self.device)
+        if self.source.load_format == "dummy":
+            self.model.init_dummy_weights(seed)
+        else:
+            self.model.load_weights(iter_weights(self.source))
+        self.model.eval()
+        self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
+        self.layout = KVLayout(
+            self.model.num_layers,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            self.dtype.itemsize,
+        )
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = 8192 if self.device.type == "cuda" else 2048
+        blocks = self._num_blocks(
+            block_size,
+            num_blocks,
+            kv_cache_memory,
+            gpu_memory_utilization,
+            max_num_seqs * (max_model_len or self._config_max_len()),
+            max_num_batched_tokens,
+        )
+        self.max_model_len = self._max_model_len(max_model_len, blocks * block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_batched_tokens, max_num_seqs, self.max_model_len),
+            CacheConfig(block_size, blocks, enable_prefix_caching, hash_seed=seed),
+        )
+        self.runner = ModelRunner(self.model, blocks, block_size, self.device, self.dtype, seed)
+        self.tracker = RequestTracker(self.tokenizer, self.model.vocab_size, self._eos_ids())
+        self._log_start(blocks, block_size)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _config_max_len(self) -> int:
+        return int(getattr(self.hf_config, "max_position_embeddings", 0) or 4096)
+
+    def _num_blocks(
+        self, block_size, num_blocks, kv_cache_memory, utilization, useful_tokens, batched_tokens
+    ) -> int:
+        if num_blocks is not None:
+            return num_blocks
+        if kv_cache_memory is not None:
+            budget = parse_bytes(kv_cache_memory)
+        elif self.device.type == "cuda":
+            budget = self._cuda_kv_budget(utilization, batched_tokens)
+        else:  # no more than the requests could ever use
+            budget = min(default_cpu_kv_bytes(), useful_tokens * self.layout.bytes_per_token)
+        blocks = self.layout.blocks_for_bytes(budget, block_size)
+        if blocks < 1:
+            raise ValueError(
+                f"the KV cache budget {format_bytes(budget)} holds no block of {block_size} tokens "
+                f"({format_bytes(self.layout.bytes_per_block(block_size))}); give more memory"
+            )
+        return blocks
+
+    def _cuda_kv_budget(self, utilization: float, batched_tokens: int) -> int:
+        """Total * utilization, less this process's weights and a profiled forward pass's peak."""
+        from engine.profiling import profile_peak_bytes
+
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        peak = profile_peak_bytes(self.model, self.device, self.dtype, batched_tokens)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        others = total - free - torch.cuda.memory_reserved(self.device)  # context + other procs
+        budget = int(total * utilization) - peak - max(others, 0)
+        if budget <= 0:
+            raise ValueError(
+                f"no memory left for the KV cache: {format_bytes(total)} x {utilization} is used "
+                f"up by weights and activations ({format_bytes(peak)}) and other memory "
+                f"({format_bytes(others)}); raise gpu_memory_utilization or lower "
+                "max_num_batched_tokens"
+            )
+        return budget
+
+    def _max_model_len(self, asked: int | None, pool_tokens: int) -> int:
+        limit = asked or self._config_max_len()
+        if limit > pool_tokens:
+            if asked:
+                logger.warning(
+                    "max_model_len=%d exceeds the KV pool (%d tokens): longer sequences stop "
+                    "with finish reason 'length'",
+                    asked,
+                    pool_tokens,
+                )
+            else:
+                limit = pool_tokens
+        return limit
+
+    def _eos_ids(self) -> list[int]:
+        ids = getattr(self.hf_config, "eos_token_id", None)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids = ids if ids is not None else self.tokenizer.eos_token_id
+        if ids is None:
+            return []
+        return list(ids) if isinstance(ids, list | tuple) else [int(ids)]
+
+    def _log_start(self, blocks: int, block_size: int) -> None:
+        tokens = blocks * block_size
+        logger.info(
+            "model %s (%s, %s, %s); KV cache: %d blocks x %d tokens = %d tokens, %s per token, %s",
+            self.source.name,
+            self.hf_config.architectures[0]
+            if getattr(self.hf_config, "architectures", None)
+            else "?",
+            str(self.dtype).removeprefix("torch."),
+            self.device,
+            blocks,
+            block_size,
+            tokens,
+            format_bytes(self.layout.bytes_per_token),
+            format_bytes(self.layout.bytes_per_token * tokens),
+        )
+        logger.info(
+            "maximum concurrency for %d tokens per request: %.2fx",
+            self.max_model_len,
+            max_concurrency(blocks, block_size, self.max_model_len),
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def generate(
+        self, prompts: Iterable[PromptInput], sampling_params: ParamsArg = None
+    ) -> list[RequestOutput]:
+        """Run every prompt; outputs in input order. Bad requests carry `error`, others go on."""
+        outputs = list(self.stream(prompts, sampling_params))
+        outputs.sort(key=lambda o: o.index)
+        return outputs
+
+    def chat(
+        self, conversations: Iterable[list[dict]], sampling_params: ParamsArg = None
+    ) -> list[RequestOutput]:
+        """Like `generate`, with each conversation rendered by the tokenizer's chat template."""
+        return self.generate(({"messages": c} for c in conversations), sampling_params)
+
+    def stream(
+        self, prompts: Iterable[PromptInput], sampling_params: ParamsArg = None
+    ) -> Iterator[RequestOutput]:
+        """Yield each request's output as soon as it finishes (completion order).
+
+        The input is consumed lazily: only about `max_num_seqs` requests wait in the queue at a
+        time, so an iterator over a huge file is never held in memory at once.
+        """
+        feed = iter(enumerate(prompts))
+        params_of = _params_picker(sampling_params)
+        sched, low_water = self.scheduler, self.scheduler.config.max_num_seqs
+        exhausted = False
+        while True:
+            while not exhausted and len(sched.waiting) < low_water:
+                item = next(feed, None)
+                if item is None:
+                    exhausted = True
+                    break
+                yield from self.tracker.add(item[0], item[1], params_of(item[0]), sched)
+            if not sched.has_unfinished():
+                if exhausted:
+                    return
+                continue
+            yield from self.step()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the requests that finished in it."""
+        out = self.scheduler.schedule()
+        result = self.runner.execute(out) if out.seqs else None
+        sampled = result.sampled_token_ids if result else []
+        if result and result.logprobs is not None:
+            self.tracker.record_logprobs(out, result.logprobs)
+        finished = self.scheduler.update(out, sampled)
+        stopped = self.tracker.check_stop_strings(out.seqs)
+        if stopped:
+            self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
+            finished.extend(stopped)
+        for seq in finished:
+            self.runner.release(seq)
+        return self.tracker.collect(finished)
+
+    @property
+    def stats(self) -> dict:
+        """Scheduler and prefix-cache counters, and the pool's current state."""
+        kv = self.scheduler.kv
+        return {
+            "scheduler": asdict(self.scheduler.stats),
+            "prefix_cache": {**asdict(kv.stats), "hit_rate": kv.stats.hit_rate},
+            "num_blocks": kv.num_blocks,
+            "block_size": kv.block_size,
+            "kv_usage": kv.usage,
+        }
+
+
+def _params_picker(sampling_params: ParamsArg):
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        params = sampling_params or SamplingParams()
+        return lambda i: params
+    listed = list(sampling_params)
+    return lambda i: listed[i] if i < len(listed) else _missing(i, len(listed))
+
+
+def _missing(i: int, n: int) -> SamplingParams:
+    raise ValueError(f"{n} sampling params were given for more than {n} prompts (prompt {i})")

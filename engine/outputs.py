@@ -1,0 +1,46 @@
+"""What `LLM.generate` / `LLM.stream` hand back for each request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop", "length", "abort" or "error"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[float] | None = None  # log-probability of each sampled token
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request engine counters."""
+
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    arrival_time: float = 0.0
+    finished_time: float = 0.0
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request: its samples, or the error that refused it."""
+
+    request_id: str
+    index: int  # position of the request in the input
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    error: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None

@@ -1,0 +1,188 @@
+"""Request bookkeeping between the caller and the scheduler: prompts in, `RequestOutput`s out.
+
+Turns each prompt (text, token ids, or chat messages) into a `Sequence`, remembers which request
+each sequence belongs to, watches stop strings, and assembles a request's samples into one
+`RequestOutput` when the last of them finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+
+PromptInput = str | list[int] | dict
+
+
+class BadRequest(ValueError):
+    """A request that cannot be run as given; it becomes that request's error, not the call's."""
+
+
+@dataclass
+class _Request:
+    index: int
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    samples: dict[int, CompletionOutput] = field(default_factory=dict)
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+class RequestTracker:
+    """Owns the request-level state of everything in flight."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._requests: dict[str, _Request] = {}
+        self._detoks: dict[int, tuple[IncrementalDetokenizer, list[int]]] = {}
+        self._logprobs: dict[tuple[str, int], list[float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def add(
+        self, index: int, item: PromptInput, params: SamplingParams, scheduler: Scheduler
+    ) -> list[RequestOutput]:
+        """Queue one request; a bad or impossible one comes back at once as an error output."""
+        request_id = str(item.get("request_id", index)) if isinstance(item, dict) else str(index)
+        try:
+            if isinstance(item, dict) and item.get("sampling_params") is not None:
+                params = item["sampling_params"]
+            prompt, ids = self._tokenize(item)
+        except (BadRequest, ValueError, TypeError) as exc:
+            return [RequestOutput(request_id, index, None, [], error=str(exc))]
+        if request_id in self._requests:
+            return [RequestOutput(request_id, index, prompt, ids, error="duplicate request id")]
+        extra_eos = self.eos_token_ids[1:]
+        if extra_eos and not params.ignore_eos:
+            params = replace(params, stop_token_ids=(*params.stop_token_ids, *extra_eos))
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        seq = Sequence(ids, params, request_id=request_id, eos_token_id=eos)
+        req = _Request(index, request_id, prompt, ids, params, time.time())
+        req.metrics.arrival_time = req.arrival
+        req.metrics.num_prompt_tokens = len(ids)
+        self._requests[request_id] = req
+        scheduler.add(seq)
+        return self.collect([seq]) if seq.is_finished else []
+
+    def _tokenize(self, item: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(item, dict):
+            keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in item]
+            if len(keys) != 1:
+                raise BadRequest("give exactly one of prompt, prompt_token_ids or messages")
+            item = item[keys[0]] if keys[0] != "messages" else {"messages": item["messages"]}
+        if isinstance(item, str):
+            return item, self._encode(item, add_special_tokens=True)
+        if isinstance(item, dict):
+            return None, self._render_chat(item["messages"])
+        if isinstance(item, list | tuple) and all(isinstance(t, int) for t in item):
+            bad = [t for t in item if not 0 <= t < self.vocab_size]
+            if bad:
+                raise BadRequest(
+                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+                )
+            return None, list(item)
+        raise BadRequest(
+            f"a prompt is text, a list of token ids or chat messages, not {type(item).__name__}"
+        )
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise BadRequest("this model has no tokenizer: give prompt_token_ids")
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def _render_chat(self, messages) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest("this model has no chat template: give a prompt instead of messages")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        ):
+            raise BadRequest("messages must be a list of {role, content} objects")
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self._encode(text, add_special_tokens=False)
+
+    def record_logprobs(self, out: SchedulerOutput, logprobs: list[list[float]]) -> None:
+        """Keep the logprobs of this step's tokens (before `update` forks any children)."""
+        for seq, row in zip(out.seqs, logprobs, strict=True):
+            if not row or not seq.sampling_params.logprobs:
+                continue
+            for j, lp in enumerate(row):
+                index = j if len(row) > 1 else seq.sample_index
+                self._logprobs.setdefault((seq.request_id, index), []).append(lp)
+
+    def check_stop_strings(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Running sequences whose text now contains one of their stop strings."""
+        return [
+            s
+            for s in seqs
+            if s.sampling_params.stop and not s.is_finished and self._detokenize(s).stopped_on
+        ]
+
+    def _detokenize(self, seq: Sequence) -> IncrementalDetokenizer:
+        entry = self._detoks.get(seq.seq_id)
+        if entry is None:
+            detok = IncrementalDetokenizer(
+                self.tokenizer, seq.prompt_token_ids, seq.sampling_params.stop
+            )
+            entry = self._detoks[seq.seq_id] = (detok, [0])
+        detok, fed = entry
+        if fed[0] < seq.num_output_tokens:
+            detok.append(seq.output_token_ids[fed[0] :])
+            fed[0] = seq.num_output_tokens
+        return detok
+
+    def collect(self, finished: list[Sequence]) -> list[RequestOutput]:
+        """Record finished samples; return the requests whose every sample is now done."""
+        done = []
+        for seq in finished:
+            req = self._requests[seq.request_id]
+            req.samples[seq.sample_index] = self._completion(seq)
+            m = req.metrics
+            m.num_preemptions += seq.num_preemptions
+            m.num_recomputed_tokens += seq.num_recomputed_tokens
+            if seq.sample_index == 0:
+                m.num_cached_tokens = seq.num_cached_tokens
+            never_forked = seq.sample_index == 0 and seq.num_output_tokens == 0
+            if len(req.samples) == req.params.n or never_forked:
+                done.append(self._finish_request(req, seq))
+        return done
+
+    def _completion(self, seq: Sequence) -> CompletionOutput:
+        text, reason, stop_reason = "", seq.finish_reason, seq.stop_reason
+        if self.tokenizer is not None and seq.sampling_params.stop:
+            detok = self._detokenize(seq)
+            text = detok.text if detok.stopped_on else detok.text + detok.finish()
+            if detok.stopped_on:
+                reason, stop_reason = "stop", detok.stopped_on
+        elif self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        self._detoks.pop(seq.seq_id, None)
+        logprobs = self._logprobs.pop((seq.request_id, seq.sample_index), None)
+        return CompletionOutput(
+            index=seq.sample_index,
+            text=text,
+            token_ids=seq.output_token_ids,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            logprobs=logprobs if seq.sampling_params.logprobs else None,
+        )
+
+    def _finish_request(self, req: _Request, last: Sequence) -> RequestOutput:
+        del self._requests[req.request_id]
+        req.metrics.finished_time = time.time()
+        error = last.error if last.status == SequenceStatus.FINISHED_ERROR else None
+        outputs = [] if error else [req.samples[i] for i in sorted(req.samples)]
+        return RequestOutput(
+            req.request_id, req.index, req.prompt, req.prompt_token_ids, outputs, error, req.metrics
+        )

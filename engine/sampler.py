@@ -1,0 +1,230 @@
+"""Token sampling: greedy, temperature, top-k, top-p and min-p, reproducible per sequence.
+
+Each sampling row draws exactly one uniform number per step from its own generator (or from the
+sampler's shared one when unseeded) and picks its token by inverse CDF over the filtered
+distribution in vocabulary order. Every computation on a row depends only on that row, so a seeded
+sequence gets the same tokens whatever else is in the batch.
+
+Top-k and top-p never sort whole rows in the common case: the kept set is a head of the order
+(probability descending, token id ascending), so it is enough to know its size and the probability
+of its last token. Those come from the `_CANDIDATES` largest probabilities (`topk` values, which
+are unique whatever the tie order); only a top-p row whose nucleus is larger is sorted in full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.sampling_params import SamplingParams
+
+_CANDIDATES = 64  # largest probabilities looked at first; more (x16 each time) only where needed
+
+
+@dataclass
+class SamplerOutput:
+    """One sampled token per row, and its log-probability where asked.
+
+    `logprobs[r]` is the log-probability of `token_ids[r]` under the raw logits (log_softmax of the
+    unmodified row), NaN for rows whose params did not ask; `logprobs` is None if no row asked.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+
+
+def make_generator(
+    seed: int | None, sample_index: int, device: torch.device | str
+) -> torch.Generator | None:
+    """One sequence's generator: its own stream per (seed, sample_index); None if unseeded."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:{sample_index}".encode(), digest_size=8).digest()
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return generator
+
+
+class Sampler:
+    """Samples one token per row of a `[rows, vocab]` float32 logits tensor.
+
+    Unseeded rows share one generator per device, seeded from `seed` (random when None).
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.seed = seed
+        self._shared: dict[torch.device, torch.Generator] = {}
+
+    def __call__(
+        self,
+        logits: Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> SamplerOutput:
+        """Sample row r with `params[r]`, drawing its randomness from `generators[r]`."""
+        assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
+        vocab, device = logits.shape[1], logits.device
+        tokens = torch.empty(len(params), dtype=torch.long, device=device)
+        greedy = [r for r, p in enumerate(params) if p.greedy]
+        if greedy:
+            tokens[greedy] = _take_rows(logits, greedy).argmax(dim=-1)  # first maximum: lowest id
+        heads, rest = [], []  # rows needing top-k/top-p first, as one leading block
+        for r, p in enumerate(params):
+            if not p.greedy:
+                (heads if _needs_head(p, vocab) else rest).append(r)
+        sampled = heads + rest
+        if sampled:
+            u = self._uniforms([generators[r] for r in sampled], device)
+            rows = _take_rows(logits, sampled)
+            tokens[sampled] = _sample(rows, [params[r] for r in sampled], len(heads), u)
+        return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+
+    def _uniforms(self, generators: list[torch.Generator | None], device: torch.device) -> Tensor:
+        """One uniform number in [0, 1) per row: seeded rows from their own generator."""
+        u = torch.empty(len(generators), device=device)
+        unseeded = [i for i, g in enumerate(generators) if g is None]
+        if unseeded:
+            shared = self._shared_generator(device)
+            u[unseeded] = torch.rand(len(unseeded), generator=shared, device=device)
+        for i, g in enumerate(generators):
+            if g is not None:
+                u[i] = torch.rand(1, generator=g, device=g.device).to(device)[0]
+        return u
+
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._shared:
+            generator = torch.Generator(device=device)
+            if self.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(self.seed)
+            self._shared[device] = generator
+        return self._shared[device]
+
+
+def _take_rows(x: Tensor, rows: list[int]) -> Tensor:
+    return x if rows == list(range(x.shape[0])) else x[rows]
+
+
+def _needs_head(params: SamplingParams, vocab: int) -> bool:
+    return 0 < params.top_k < vocab or params.top_p < 1
+
+
+def _sample(logits: Tensor, params: list[SamplingParams], num_heads: int, u: Tensor) -> Tensor:
+    """Temperature, then top-k, top-p (on the first `num_heads` rows), min-p, then inverse CDF.
+
+    Every filter keeps the probabilities at or above a per-row threshold, so one pass applies them
+    all; ties at a top-k/top-p threshold that would keep too many tokens drop the highest ids.
+    """
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    min_p = [p.min_p for p in params]
+    threshold = torch.zeros(len(params), device=device)
+    if any(min_p):
+        threshold = probs.amax(dim=-1) * torch.tensor(min_p, device=device)
+    if num_heads:
+        head = probs[:num_heads]
+        top_k, top_p = _top_k_top_p(params[:num_heads], probs.shape[-1], device)
+        keep, last, maybe_tied = _head_size(head, top_k, top_p)
+        threshold[:num_heads] = torch.maximum(threshold[:num_heads], last)
+    if any(min_p) or num_heads:
+        probs.masked_fill_(probs < threshold[:, None], 0.0)
+    if num_heads:
+        _drop_surplus_ties(head, keep, last, maybe_tied)
+    return _inverse_cdf(probs, u)
+
+
+def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """The token where the CDF passes `u * total`; never a zero-probability token.
+
+    The CPU scans each row in order (accumulating in double), whatever the batch. CUDA scans a
+    single row differently from several, so there the CDF is float64, which makes a batch-dependent
+    token vanishingly rare instead of about one draw in a hundred on a flat 152k vocabulary.
+    """
+    if probs.device.type == "cpu":
+        cdf = probs.cumsum_(dim=-1)
+    else:
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+
+
+def _top_k_top_p(
+    params: list[SamplingParams], vocab: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Per-row top-k (`vocab` when off) and top-p as tensors."""
+    top_k = torch.tensor([min(p.top_k or vocab, vocab) for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float64)
+    return top_k, top_p
+
+
+def _head_size(probs: Tensor, top_k: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row: how many of the largest probabilities top-k and top-p keep, the smallest kept one,
+    and whether tokens tied with it may lie past the head.
+
+    Looks at the largest `_CANDIDATES` first; a top-p row whose nucleus holds every candidate looks
+    again at 16 times more, until the whole vocabulary.
+    """
+    vocab = probs.shape[-1]
+    k_on = top_k < vocab
+    k = min(vocab, max([_CANDIDATES, *top_k[k_on].tolist()]))
+    keep, last = torch.empty_like(top_k), torch.empty_like(probs[:, 0])
+    maybe_tied = torch.empty_like(k_on)
+    rows = torch.arange(len(top_k), device=probs.device)
+    while True:
+        values = (probs if len(rows) == len(probs) else probs[rows]).topk(k, dim=-1).values
+        keep[rows] = _kept(values, top_k[rows], top_p[rows], k_on[rows])
+        last[rows], maybe_tied[rows] = _edge(values, keep[rows], vocab)
+        rows = rows[(top_p[rows] < 1) & ~k_on[rows] & (keep[rows] >= k)]
+        if k == vocab or not rows.numel():
+            return keep, last, maybe_tied
+        k = min(vocab, k * 16)
+
+
+def _edge(values: Tensor, keep: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
+    """The smallest kept value, and whether the next one (if unknown: maybe) equals it."""
+    n = values.shape[-1]
+    last = values.gather(1, (keep.clamp_max(n) - 1)[:, None]).squeeze(1)
+    after = values.gather(1, keep.clamp_max(n - 1)[:, None]).squeeze(1)
+    maybe_tied = (keep < vocab) & (last > 0) & ((keep >= n) | (after == last))
+    return last, maybe_tied
+
+
+def _kept(values: Tensor, top_k: Tensor, top_p: Tensor, k_on: Tensor) -> Tensor:
+    """Size of the head of `values` (sorted descending) that top-k, then top-p, keep."""
+    csum = values.double().cumsum(dim=-1)
+    k = top_k.clamp_max(values.shape[-1])
+    mass = torch.where(k_on, csum.gather(1, (k - 1)[:, None]).squeeze(1), 1.0)
+    before = torch.cat([torch.zeros_like(csum[:, :1]), csum[:, :-1]], dim=-1)  # mass above each
+    nucleus = (before < (top_p * mass)[:, None]).sum(dim=-1)
+    return torch.minimum(torch.where(top_p < 1, nucleus, values.shape[-1]), top_k)
+
+
+def _drop_surplus_ties(probs: Tensor, keep: Tensor, last: Tensor, maybe_tied: Tensor) -> None:
+    """Where more tokens tie at `last` than the head has room for, zero the highest-id ones."""
+    rows = maybe_tied.nonzero().squeeze(1)
+    if not rows.numel():
+        return
+    sub, edge = probs[rows], last[rows, None]
+    ties = sub == edge
+    room = keep[rows] - (sub > edge).sum(dim=-1)
+    probs[rows] = sub.masked_fill_(ties & (ties.cumsum(dim=-1) > room[:, None]), 0.0)
+
+
+def _logprobs(logits: Tensor, params: list[SamplingParams], tokens: Tensor) -> list[float] | None:
+    """Raw-logit log-probabilities of the sampled tokens for rows that asked (NaN elsewhere)."""
+    asked = [r for r, p in enumerate(params) if p.logprobs]
+    if not asked:
+        return None
+    rows = _take_rows(logits, asked)
+    chosen = rows.gather(1, tokens[asked, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
+    out = [math.nan] * len(params)
+    for r, logprob in zip(asked, chosen.tolist(), strict=True):
+        out[r] = logprob
+    return out

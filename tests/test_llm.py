@@ -1,0 +1,151 @@
+"""engine.LLM against transformers: greedy outputs token for token, through every engine path."""
+
+import random
+
+import pytest
+
+from engine import SamplingParams
+from engine.llm import LLM
+from tests.tiny_models import hf_greedy, save_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = save_tiny_model(request.param, folder)
+    rng = random.Random(1)
+    shared = [rng.randrange(256) for _ in range(40)]
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 17, 33, 64)] + [
+        shared + [rng.randrange(256) for _ in range(n)] for n in (3, 9, 20)
+    ]
+    expected = [hf_greedy(hf, p, GREEDY.max_tokens) for p in prompts]
+    return folder, prompts, expected
+
+
+def run(folder, prompts, **engine_args):
+    llm = LLM(str(folder), device="cpu", dtype="float32", **engine_args)
+    outs = llm.generate(prompts, GREEDY)
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    return [o.outputs[0].token_ids for o in outs], llm.stats
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_greedy_matches_transformers(tiny, block_size):
+    folder, prompts, expected = tiny
+    got, _ = run(folder, prompts, block_size=block_size, num_blocks=64)
+    assert got == expected
+
+
+def test_chunked_prefill_and_prefix_hits_match(tiny):
+    folder, prompts, expected = tiny
+    got, stats = run(folder, prompts, block_size=16, num_blocks=64, max_num_batched_tokens=8)
+    assert got == expected
+    assert stats["prefix_cache"]["hit_tokens"] > 0  # the shared-prefix prompts hit the cache
+
+
+def test_forced_preemption_matches(tiny):
+    folder, prompts, expected = tiny
+    got, stats = run(folder, prompts, block_size=16, num_blocks=10, max_num_batched_tokens=64)
+    assert got == expected
+    assert stats["scheduler"]["num_preemptions"] > 0
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama-n")
+    save_tiny_model("llama", folder)
+    return folder
+
+
+def test_parallel_samples_share_the_prompt_and_reproduce_with_a_seed(llama_folder):
+    llm = LLM(str(llama_folder), device="cpu", block_size=4, num_blocks=64)
+    prompt = list(range(10, 24))  # 14 tokens: 3 full blocks + 2 tokens in a shared partial block
+    params = SamplingParams(n=4, seed=123, temperature=1.0, max_tokens=12, ignore_eos=True)
+    llm.tracker.add(0, prompt, params, llm.scheduler)
+    llm.step()  # the prompt is computed once, then forked
+    running = llm.scheduler.running
+    assert len(running) == 4
+    assert all(s.block_table == running[0].block_table for s in running)
+    pool = llm.scheduler.kv.pool
+    assert [pool.blocks[i].ref_cnt for i in running[0].block_table] == [4, 4, 4, 4]
+    assert llm.scheduler.stats.num_prefill_tokens == 14
+    outs = []
+    while llm.scheduler.has_unfinished():
+        outs += llm.step()
+    (first,) = outs
+    samples = [c.token_ids for c in first.outputs]
+    assert [c.index for c in first.outputs] == [0, 1, 2, 3]
+    assert len({tuple(s) for s in samples}) == 4  # the samples differ
+    # Same seed, a different batch around it (another request first): the same samples.
+    llm2 = LLM(str(llama_folder), device="cpu", block_size=4, num_blocks=64)
+    other = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
+    again = llm2.generate([list(range(50, 60)), prompt], [other, params])
+    assert [c.token_ids for c in again[1].outputs] == samples
+    assert llm2.scheduler.kv.num_free_blocks == 64
+
+
+def test_bad_requests_fail_alone(llama_folder):
+    llm = LLM(str(llama_folder), device="cpu", num_blocks=16, block_size=16, max_model_len=64)
+    outs = llm.generate(
+        [list(range(100)), [1, 2, 3], [999], "text without a tokenizer", {"prompt_token_ids": [5]}],
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    )
+    assert "max_model_len=64" in outs[0].error
+    assert outs[1].ok and len(outs[1].outputs[0].token_ids) == 4
+    assert "outside the vocabulary" in outs[2].error
+    assert "no tokenizer" in outs[3].error
+    assert outs[4].ok
+    assert [o.index for o in outs] == [0, 1, 2, 3, 4]
+
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU cache is in two sentences.",
+    "Give me three ideas for a rainy Sunday.",
+    "How do I make a cup of green tea?",
+    "What is 17 times 23? Show your steps.",
+    "Translate 'thank you very much' into German.",
+    "Name a famous bridge and say where it is.",
+]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return LLM(device="cpu", dtype="float32", block_size=16)
+
+
+def test_bundled_model_matches_transformers_on_chat_prompts(smol):
+    """SmolLM2-135M-Instruct (the bundled default): 8 chat prompts, 64 greedy tokens each."""
+    from transformers import AutoModelForCausalLM
+
+    llm = smol
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    outs = llm.chat([[{"role": "user", "content": c}] for c in CHATS], params)
+    hf = AutoModelForCausalLM.from_pretrained(llm.source.weights_dir, dtype="float32").eval()
+    eos = set(llm.tracker.eos_token_ids)
+    for out in outs:
+        expected = hf_greedy(hf, out.prompt_token_ids, 64)
+        cut = next((i + 1 for i, t in enumerate(expected) if t in eos), len(expected))
+        assert out.outputs[0].token_ids == expected[:cut]
+        assert out.outputs[0].text == llm.tokenizer.decode(expected[:cut], skip_special_tokens=True)
+    assert "Paris" in outs[0].outputs[0].text
+
+
+def test_stop_strings_logprobs_and_streaming(smol):
+    chat = [{"role": "user", "content": CHATS[0]}]
+    plain = smol.chat([chat], SamplingParams(temperature=0.0, max_tokens=32))[0].outputs[0]
+    assert "Paris" in plain.text
+    stopped = smol.chat(
+        [chat], SamplingParams(temperature=0.0, max_tokens=32, stop=["Paris"], logprobs=True)
+    )[0].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == "Paris"
+    assert stopped.text == plain.text[: plain.text.index("Paris")]
+    assert len(stopped.logprobs) == len(stopped.token_ids)
+    assert all(lp <= 0.0 for lp in stopped.logprobs)
+    # stream() yields each request when it finishes: the 2-token request comes first.
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (12, 2)]
+    order = [o.request_id for o in smol.stream([[1, 2, 3], [4, 5, 6]], params)]
+    assert order == ["1", "0"]

@@ -1,0 +1,73 @@
+"""Tiny random-weight Hugging Face models saved as real safetensors folders, for engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+
+def tiny_config(arch: str) -> PretrainedConfig:
+    """Configs for each supported family: Llama 3 RoPE scaling, Qwen2 biases, Qwen3 q/k norms."""
+    if arch == "llama":
+        return LlamaConfig(
+            **COMMON,
+            tie_word_embeddings=False,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            architectures=["LlamaForCausalLM"],
+        )
+    if arch == "qwen2":
+        return Qwen2Config(**COMMON, tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"])
+    if arch == "qwen3":
+        return Qwen3Config(
+            **COMMON, head_dim=32, tie_word_embeddings=True, architectures=["Qwen3ForCausalLM"]
+        )
+    raise ValueError(arch)
+
+
+def save_tiny_model(arch: str, folder: Path, seed: int = 0):
+    """Build, save (safetensors) and return the Hugging Face model in fp32 eval mode."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch), torch_dtype=torch.float32)
+    model.eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Transformers' own greedy `generate` for one unpadded prompt."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
