@@ -96,7 +96,7 @@ def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
 
 
 def _find(model: str | None, load_format: str) -> ModelSource:
-    # Imported here: default_model imports this module.
+    # Imported here: default_model imports this module (through engine.gguf).
     from engine import default_model
 
     if model is None or model == default_model.DEFAULT_MODEL:

@@ -31,11 +31,12 @@ def pull(
         is_installed,
         pull_default_model,
     )
+    from engine.gguf import GGUFConversionError
 
     already = is_installed(default_model_dir()) and not force
     try:
         folder = pull_default_model(force=force)
-    except DefaultModelError as e:
+    except (DefaultModelError, GGUFConversionError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     note = ", already pulled" if already else ""

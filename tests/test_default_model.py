@@ -27,13 +27,12 @@ from engine.default_model import (
     GGUF_MEMBER,
     GGUF_SHA256,
     DefaultModelError,
-    convert_gguf,
     convert_gguf_cached,
     download_default_gguf,
     ensure_default_model,
     pull_default_model,
-    unpermute_qk,
 )
+from engine.gguf import convert_gguf, unpermute_qk
 from engine.weights import UnsupportedModelError, load_tokenizer, resolve_model
 
 CHAT = [{"role": "user", "content": "What is paged attention? Answer in one line."}]

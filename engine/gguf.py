@@ -1,0 +1,286 @@
+"""GGUF files into Hugging Face folders: read, dequantize, write, verify.
+
+`convert_gguf` turns a Llama / Qwen2 / Qwen3 GGUF file into a folder transformers and pagedctl
+both load: config.json, float16 model.safetensors, generation config, the tokenizer with the
+GGUF's chat template, and a manifest saying where it came from. `verify_model_dir` checks such a
+folder before it is put in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from engine.weights import (
+    SUPPORTED_ARCHITECTURES,
+    UnsupportedModelError,
+    expected_weight_shapes,
+    iter_weights,
+    load_tokenizer,
+    resolve_model,
+)
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+    from transformers import PretrainedConfig
+
+MANIFEST = "pagedctl-manifest.json"
+_FP16_MAX = 65504.0
+_GGUF_ARCHS = dict(zip(("llama", "qwen2", "qwen3"), SUPPORTED_ARCHITECTURES, strict=True))
+_SPECIAL_IDS = {  # role -> GGUF key under tokenizer.ggml.
+    "bos": "bos_token_id",
+    "eos": "eos_token_id",
+    "pad": "padding_token_id",
+    "unk": "unknown_token_id",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class GGUFConversionError(RuntimeError):
+    """Converting or verifying a model folder failed; the message says what went wrong."""
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Dequantize a Llama / Qwen2 / Qwen3 GGUF file into a Hugging Face folder in `out_dir`.
+
+    Writes config.json, model.safetensors (float16), generation_config.json, the tokenizer
+    (tokenizer.json, tokenizer_config.json with the GGUF's chat template) and a manifest.
+    """
+    from gguf import GGUFReader
+    from transformers import GenerationConfig
+
+    reader = GGUFReader(gguf_path)
+    meta = _metadata(reader)
+    shapes = {t.name: tuple(reversed(t.shape.tolist())) for t in reader.tensors}
+    config = _config_from_gguf(meta, shapes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kinds = _write_weights(reader, config, out_dir / "model.safetensors")
+    config.save_pretrained(out_dir)
+    saved = json.loads((out_dir / "config.json").read_text())
+    saved.setdefault("rope_theta", saved["rope_parameters"]["rope_theta"])  # transformers < 5
+    (out_dir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    ids = {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    GenerationConfig(**ids).save_pretrained(out_dir)
+    if "tokenizer.ggml.model" in meta:
+        _write_tokenizer(gguf_path, meta, config, out_dir)
+    conversion = {
+        "by": "engine.gguf.convert_gguf",
+        "dtype": "float16",
+        "gguf_tensor_types": kinds,
+        "unpermuted_qk": config.model_type == "llama",
+        "versions": {p: version(p) for p in ("gguf", "transformers", "torch", "safetensors")},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    source = {"gguf": gguf_path.name, "gguf_sha256": sha256_file(gguf_path)}
+    name = meta.get("general.name", gguf_path.stem)
+    update_manifest(out_dir, model=name, source=source, conversion=conversion)
+    return out_dir
+
+
+def _metadata(reader: GGUFReader) -> dict[str, Any]:
+    """The GGUF's scalar and string fields (arrays such as the vocabulary are left out)."""
+    from gguf import GGUFValueType
+
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        kind = field.types[0] if field.types else GGUFValueType.ARRAY
+        if kind == GGUFValueType.STRING:
+            meta[key] = bytes(field.parts[field.data[0]]).decode("utf-8")
+        elif kind != GGUFValueType.ARRAY:
+            meta[key] = field.parts[field.data[0]].tolist()[0]
+    return meta
+
+
+def _config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    arch = meta.get("general.architecture")
+    if arch not in _GGUF_ARCHS:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported; pagedctl converts "
+            f"{', '.join(_GGUF_ARCHS)} ({', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    if "rope_freqs.weight" in shapes or meta.get(f"{arch}.rope.scaling.type", "none") != "none":
+        raise UnsupportedModelError(
+            "this GGUF uses RoPE scaling (Llama-3 rope_freqs or a scaling type), which pagedctl "
+            "does not convert; use the model's Hugging Face safetensors folder instead"
+        )
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    heads, hidden = get("attention.head_count"), get("embedding_length")
+    kwargs: dict[str, Any] = {
+        "architectures": [_GGUF_ARCHS[arch]],
+        "vocab_size": shapes["token_embd.weight"][0],
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "max_position_embeddings": get("context_length"),
+        # GGUF stores eps as float32; 7 significant digits give back the decimal that was written.
+        "rms_norm_eps": float(f"{get('attention.layer_norm_rms_epsilon', 1e-6):.7g}"),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in shapes,
+        "dtype": "float16",
+    }
+    head_dim = get("attention.key_length", hidden // heads)
+    if arch != "qwen2" or head_dim != hidden // heads:  # Qwen2Config has no head_dim by default
+        kwargs["head_dim"] = head_dim
+    for role, key in _SPECIAL_IDS.items():
+        if role != "unk":
+            kwargs[f"{role}_token_id"] = meta.get(f"tokenizer.ggml.{key}")
+    if arch == "llama":
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    return AutoConfig.for_model(arch, **kwargs)
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3....`)."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem.startswith("blk."):
+        _, layer, part = stem.split(".", 2)
+        mapped = _LAYER_NAMES.get(part)
+        return f"model.layers.{layer}.{mapped}.{suffix}" if mapped else None
+    mapped = _TOP_NAMES.get(stem)
+    return f"{mapped}.{suffix}" if mapped else None
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order for Llama models.
+
+    Per head, llama.cpp's converter interleaves the two rotary halves (row i next to row
+    i + head_dim/2) for its RoPE kernel; Hugging Face keeps the halves apart (rotate_half).
+    """
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_weights(reader: GGUFReader, config: PretrainedConfig, path: Path) -> dict[str, int]:
+    """Dequantize every tensor into float16 safetensors; return how many of each GGUF type.
+
+    float16 rather than float32: half the disk and memory, and the reference T4 computes in fp16
+    anyway. It loses nothing that matters: Q4_1/Q8_0 values carry at most ~11 significant bits
+    (an fp16 scale times a small integer, plus an fp16 offset), so fp16 rounding is far below the
+    quantization error. bf16 would drop 3 of those bits. Values above fp16's max are refused.
+    """
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    tensors: dict[str, torch.Tensor] = {}
+    kinds: Counter[str] = Counter()
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name)
+        if name is None:
+            raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart")
+        w = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+        part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if config.model_type == "llama" and part in heads:
+            w = unpermute_qk(w, heads[part])
+        peak = float(np.abs(w).max())
+        if not peak <= _FP16_MAX:  # also catches NaN
+            raise GGUFConversionError(f"GGUF tensor {t.name}: max |value| {peak} overflows float16")
+        tensors[name] = torch.from_numpy(w.astype(np.float16))
+        kinds[t.tensor_type.name] += 1
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return dict(kinds)
+
+
+def _write_tokenizer(gguf_path: Path, meta: dict[str, Any], config: Any, out_dir: Path) -> None:
+    """Build the tokenizer transformers makes from the GGUF metadata; keep template and specials."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    for role, key in _SPECIAL_IDS.items():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        if token_id is not None:
+            setattr(tok, f"{role}_token", tok.convert_ids_to_tokens(token_id))
+    if "tokenizer.chat_template" in meta:
+        tok.chat_template = meta["tokenizer.chat_template"]
+    tok.model_max_length = config.max_position_embeddings
+    # The template goes into tokenizer_config.json, where every transformers version looks.
+    tok.save_pretrained(str(out_dir), save_jinja_files=False)
+    path = out_dir / "tokenizer_config.json"
+    saved = json.loads(path.read_text())
+    for key in ("is_local", "local_files_only", "backend"):  # facts about this load, not the model
+        saved.pop(key, None)
+    saved["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every version knows
+    path.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n")
+
+
+def verify_model_dir(folder: Path) -> None:
+    """Check a model folder: every tensor its config implies, with the right shape and finite
+    values; the tokenizer (if any) loads, round-trips a string and renders its chat template.
+
+    Raises:
+        GGUFConversionError: naming the first problems found.
+    """
+    source = resolve_model(str(folder), "safetensors")
+    expected = expected_weight_shapes(source.hf_config)
+    problems, seen = [], set()
+    for name, w in iter_weights(source):
+        seen.add(name)
+        if name not in expected:
+            problems.append(f"unexpected tensor {name}")
+        elif tuple(w.shape) != expected[name]:
+            problems.append(f"{name} has shape {tuple(w.shape)}, expected {expected[name]}")
+        # The fp32 sum of fp16 values is finite iff all of them are (and it is much faster).
+        elif not bool(torch.isfinite(w.sum(dtype=torch.float32))):
+            problems.append(f"{name} has non-finite values")
+    problems += [f"missing tensor {name}" for name in sorted(expected.keys() - seen)]
+    if source.tokenizer_dir is not None:
+        problems += _tokenizer_problems(load_tokenizer(source))
+    if problems:
+        raise GGUFConversionError(f"{folder} failed verification: {'; '.join(problems[:5])}")
+
+
+def _tokenizer_problems(tok: Any) -> list[str]:
+    text = "Paged attention: 16 tokens per block, naïve → fine."
+    if (back := tok.decode(tok.encode(text, add_special_tokens=False))) != text:
+        return [f"tokenizer round trip changed {text!r} into {back!r}"]
+    if tok.chat_template is None:
+        return []
+    chat = [{"role": "user", "content": "ping"}]
+    rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return [] if "ping" in rendered else [f"chat template renders {rendered!r} without the message"]
+
+
+def update_manifest(folder: Path, **sections: Any) -> None:
+    """Merge `sections` into the folder's manifest (dicts key by key), creating it if missing."""
+    path = folder / MANIFEST
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    for key, value in sections.items():
+        manifest[key] = manifest.get(key, {}) | value if isinstance(value, dict) else value
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def sha256_file(path: Path) -> str:
+    """The file's sha256 as hex, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

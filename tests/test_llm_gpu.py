@@ -1,0 +1,56 @@
+"""engine.LLM on a CUDA device (run through the device tool; skipped without CUDA)."""
+
+import random
+
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.llm import LLM
+from tests.tiny_models import save_tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+@torch.no_grad()
+def test_tiny_model_greedy_matches_transformers_on_cuda(tmp_path):
+    hf = save_tiny_model("qwen2", tmp_path).to("cuda")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (3, 20, 47, 90)]
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", num_blocks=32, block_size=16)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    for prompt, out in zip(prompts, outs, strict=True):
+        ids = torch.tensor([prompt], device="cuda")
+        ref = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        assert out.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
+
+
+def test_kv_cache_is_sized_from_measured_memory():
+    total = torch.cuda.get_device_properties(0).total_memory
+    llm = LLM(
+        "qwen2.5-0.5b-instruct",
+        device="cuda",
+        gpu_memory_utilization=0.3,
+        max_num_batched_tokens=2048,
+    )
+    assert llm.dtype == torch.bfloat16
+    kv = llm.scheduler.kv
+    pool_bytes = kv.num_blocks * llm.layout.bytes_per_block(kv.block_size)
+    assert 0 < pool_bytes < 0.3 * total
+    rng = random.Random(1)
+    prompts = [[rng.randrange(10000) for _ in range(rng.randint(50, 400))] for _ in range(48)]
+    params = SamplingParams(temperature=0.8, max_tokens=32, ignore_eos=True, n=2, seed=3)
+    torch.cuda.reset_peak_memory_stats()
+    outs = llm.generate(prompts, params)
+    assert all(o.ok and len(o.outputs) == 2 for o in outs)
+    assert torch.cuda.max_memory_allocated() < 0.3 * total
+    assert kv.num_free_blocks == kv.num_blocks
