@@ -58,6 +58,14 @@ class KVLayout:
     head_dim: int
     dtype_bytes: int
 
+    @classmethod
+    def from_config(cls, hf_config: object, dtype_bytes: int = 2) -> KVLayout:
+        """The layout of a Hugging Face model config (16-bit KV by default)."""
+        from engine.models.layers import model_spec
+
+        spec = model_spec(hf_config)
+        return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype_bytes)
+
     @property
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes

@@ -304,9 +304,3 @@ def expected_weight_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, h)
     return shapes
-
-
-def kv_cache_bytes_per_token(config: PretrainedConfig, dtype_bytes: int = 2) -> int:
-    """KV-cache bytes one token takes over all layers: K and V, `dtype_bytes` per element."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype_bytes

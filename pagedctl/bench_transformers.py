@@ -2,13 +2,16 @@
 
 Both sides get the same token ids, greedy decoding, each request's own `max_tokens`, and stop at
 EOS. Transformers pads each batch on the left and decodes until its longest request is done; only
-each request's own tokens (up to its EOS or `max_tokens`) count as useful output.
+each request's own tokens (up to its EOS or `max_tokens`) count as useful output. Both models are
+loaded once; timed runs alternate engine / transformers and the medians are reported.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,29 +25,19 @@ def load_chat_requests(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _engine_side(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> dict:
-    llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+def _engine_runner(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> Callable:
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    wall = time.perf_counter() - t0
-    tokens = [o.outputs[0].token_ids for o in outs]
-    return {
-        "wall_s": wall,
-        "tokens": tokens,
-        "preemptions": llm.stats["scheduler"]["num_preemptions"],
-    }
+
+    def run() -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+    return run
 
 
-@torch.inference_mode()
-def _transformers_side(
-    folder: Path, prompts, max_tokens, eos: set[int], batch_size: int, device: str, dtype
-) -> dict:
-    from transformers import AutoModelForCausalLM
+def _transformers_runner(model, prompts, max_tokens, eos: set[int], batch_size: int) -> Callable:
+    device, pad = model.device, 0
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    pad = 0
-
+    @torch.inference_mode()
     def run_batch(batch, limits):
         width = max(len(p) for p in batch)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
@@ -59,12 +52,19 @@ def _transformers_side(
             rows.append(row[:cut])
         return rows
 
-    run_batch([prompts[0]], [4])  # warm-up
+    def run() -> list[list[int]]:
+        tokens = []
+        for i in range(0, len(prompts), batch_size):
+            tokens += run_batch(prompts[i : i + batch_size], max_tokens[i : i + batch_size])
+        return tokens
+
+    return run
+
+
+def _timed(fn: Callable) -> tuple[float, list[list[int]]]:
     t0 = time.perf_counter()
-    tokens = []
-    for i in range(0, len(prompts), batch_size):
-        tokens += run_batch(prompts[i : i + batch_size], max_tokens[i : i + batch_size])
-    return {"wall_s": time.perf_counter() - t0, "tokens": tokens}
+    tokens = fn()
+    return time.perf_counter() - t0, tokens
 
 
 def run(
@@ -74,8 +74,11 @@ def run(
     hf_batch_size: int = 32,
     max_num_seqs: int = 256,
     dtype: str = "auto",
+    repeats: int = 3,
 ) -> dict:
-    """Measure both sides in this process, one after the other; returns a JSON-ready dict."""
+    """Measure both sides in this process, alternating; returns a JSON-ready dict."""
+    from transformers import AutoModelForCausalLM
+
     requests = load_chat_requests(prompts_path)
     llm = LLM(model, device=device, max_num_seqs=max_num_seqs, dtype=dtype)
     tok = llm.tokenizer
@@ -87,43 +90,50 @@ def run(
         for r in requests
     ]
     max_tokens = [int(r["max_tokens"]) for r in requests]
-    eos = set(llm.tracker.eos_token_ids)
-    ours = _engine_side(llm, prompts, max_tokens)
-    folder, torch_dtype = llm.source.weights_dir, llm.dtype
-    settings = {
-        "dtype": str(llm.dtype),
-        "device": str(llm.device),
-        "num_blocks": llm.scheduler.kv.num_blocks,
-        "block_size": llm.scheduler.block_size,
+    hf = AutoModelForCausalLM.from_pretrained(llm.source.weights_dir, dtype=llm.dtype)
+    hf = hf.to(llm.device).eval()
+    sides = {
+        "engine": _engine_runner(llm, prompts, max_tokens),
+        "transformers": _transformers_runner(
+            hf, prompts, max_tokens, set(llm.tracker.eos_token_ids), hf_batch_size
+        ),
     }
-    del llm
-    theirs = _transformers_side(
-        folder, prompts, max_tokens, eos, hf_batch_size, device, torch_dtype
-    )
-    n_ours = sum(map(len, ours["tokens"]))
-    n_theirs = sum(map(len, theirs["tokens"]))
-    same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"], strict=True))
-    tps_ours, tps_theirs = n_ours / ours["wall_s"], n_theirs / theirs["wall_s"]
-    return {
+    _engine_runner(llm, prompts[:2], [4, 4])()  # warm-up
+    _transformers_runner(hf, prompts[:2], [4, 4], set(), 2)()
+    walls: dict[str, list[float]] = {name: [] for name in sides}
+    tokens: dict[str, list[list[int]]] = {}
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            wall, tokens[name] = _timed(fn)
+            walls[name].append(wall)
+    result = {
         "requests": len(prompts),
         "prompt_tokens": sum(map(len, prompts)),
         "prompt_tokens_min_max": [min(map(len, prompts)), max(map(len, prompts))],
         "requested_max_tokens": sum(max_tokens),
-        "engine": {
-            "wall_s": round(ours["wall_s"], 3),
-            "output_tokens": n_ours,
-            "output_tok_s": round(tps_ours, 2),
-            "preemptions": ours["preemptions"],
-            **settings,
-        },
-        "transformers": {
-            "wall_s": round(theirs["wall_s"], 3),
-            "output_tokens": n_theirs,
-            "output_tok_s": round(tps_theirs, 2),
-            "batch_size": hf_batch_size,
-            "padding": "left",
-            "attention": "sdpa (default)",
-        },
-        "ratio_output_tok_s": round(tps_ours / tps_theirs, 3),
-        "identical_outputs": same,
+        "repeats": repeats,
     }
+    for name in sides:
+        n = sum(map(len, tokens[name]))
+        wall = statistics.median(walls[name])
+        result[name] = {
+            "wall_s": round(wall, 3),
+            "wall_s_all": [round(w, 3) for w in walls[name]],
+            "output_tokens": n,
+            "output_tok_s": round(n / wall, 2),
+        }
+    result["engine"].update(
+        dtype=str(llm.dtype),
+        device=str(llm.device),
+        num_blocks=llm.scheduler.kv.num_blocks,
+        block_size=llm.scheduler.block_size,
+        preemptions=llm.stats["scheduler"]["num_preemptions"],
+    )
+    result["transformers"].update(batch_size=hf_batch_size, padding="left", attention="sdpa")
+    result["ratio_output_tok_s"] = round(
+        result["engine"]["output_tok_s"] / result["transformers"]["output_tok_s"], 3
+    )
+    result["identical_outputs"] = sum(
+        a == b for a, b in zip(tokens["engine"], tokens["transformers"], strict=True)
+    )
+    return result

@@ -110,6 +110,7 @@ def bench_transformers(
         32, min=1, help="Padded batch size of the transformers side."
     ),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (both sides)."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs of each side (alternating); medians."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write results as JSON."),
 ) -> None:
     """The engine vs transformers `generate` with padded batches: same prompts, same run.
@@ -120,11 +121,11 @@ def bench_transformers(
     from pagedctl import bench_transformers as bt
     from pagedctl.envinfo import environment
 
-    result = bt.run(prompts, model, device, hf_batch_size, dtype=dtype)
+    result = bt.run(prompts, model, device, hf_batch_size, dtype=dtype, repeats=repeats)
     table = Table(
         title=f"{result['requests']} chat requests, {result['prompt_tokens']} prompt tokens"
     )
-    for col in ("side", "wall s", "output tokens", "output tok/s"):
+    for col in ("side", "wall s (median)", "output tokens", "output tok/s"):
         table.add_column(col, justify="right")
     for side in ("engine", "transformers"):
         r = result[side]
@@ -140,7 +141,7 @@ def bench_transformers(
         output.parent.mkdir(parents=True, exist_ok=True)
         cmd = (
             f"pagedctl bench transformers --prompts {prompts} --device {device} "
-            + (f"--dtype {dtype} ")
+            + (f"--dtype {dtype} --repeats {repeats} ")
             + (f"--hf-batch-size {hf_batch_size}" + (f" --model {model}" if model else ""))
         )
         doc = {

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from engine.kv_sizing import format_bytes
+
 models_app = typer.Typer(
     help="Models: pull the bundled default model, list presets and cached models.",
     no_args_is_help=True,
@@ -40,7 +42,7 @@ def pull(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     note = ", already pulled" if already else ""
-    typer.echo(f"{DEFAULT_MODEL}: {folder} ({_human(_folder_bytes(folder))}{note})")
+    typer.echo(f"{DEFAULT_MODEL}: {folder} ({format_bytes(_folder_bytes(folder))}{note})")
 
 
 @models_app.command("list")
@@ -54,53 +56,44 @@ def list_models() -> None:
 
     table = Table(title="models")
     for col in ("name", "source", "architecture", "layers", "hidden", "heads/kv", "KV B/token"):
-        table.add_column(
-            col, justify="right" if col in ("layers", "hidden", "KV B/token") else "left"
-        )
+        right = col in ("layers", "hidden", "KV B/token")
+        table.add_column(col, justify="right" if right else "left", no_wrap=col == "name")
     table.add_column("size", justify="right")
-    table.add_column("path", overflow="fold")
     folder = default_model.default_model_dir()
     if default_model.is_installed(folder):
         config = weights.load_config(folder / "config.json")
-        size = _human(_folder_bytes(folder))
-        table.add_row(
-            default_model.DEFAULT_MODEL, "default, pulled", *_columns(config), size, str(folder)
-        )
+        size = format_bytes(_folder_bytes(folder))
+        table.add_row(default_model.DEFAULT_MODEL, "default, pulled", *_columns(config), size)
+        where = f"default model folder: {folder}"
     else:
-        hint = f"{folder} (not there yet: pagedctl models pull)"
-        table.add_row(default_model.DEFAULT_MODEL, "default, not pulled", *["-"] * 6, hint)
+        table.add_row(default_model.DEFAULT_MODEL, "default, not pulled", *["-"] * 6)
+        where = f"default model not pulled yet (pagedctl models pull): {folder}"
     for name, path in weights.list_presets().items():
         try:
             columns = _columns(weights.load_config(path))
         except ValueError as e:
             columns = [f"invalid: {e}", *["-"] * 4]
-        table.add_row(name, "preset (dummy)", *columns, "-", str(path))
+        table.add_row(name, "preset (dummy)", *columns, "-")
     for cached in weights.cached_hf_models():
         config = weights.load_config(cached.snapshot / "config.json")
-        size = _human(cached.size_bytes)
-        table.add_row(cached.repo_id, "HF cache", *_columns(config), size, str(cached.snapshot))
-    Console().print(table)
+        size = format_bytes(cached.size_bytes)
+        table.add_row(cached.repo_id, "HF cache", *_columns(config), size)
+    console = Console()
+    console.print(table)
+    console.print(where)
 
 
 def _columns(config: Any) -> list[str]:
-    from engine.weights import kv_cache_bytes_per_token
+    from engine.kv_sizing import KVLayout
 
     return [
         config.architectures[0] if config.architectures else config.model_type,
         str(config.num_hidden_layers),
         str(config.hidden_size),
         f"{config.num_attention_heads}/{config.num_key_value_heads}",
-        f"{kv_cache_bytes_per_token(config):,}",
+        f"{KVLayout.from_config(config).bytes_per_token:,}",
     ]
 
 
 def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def _human(n: float) -> str:
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    i = 0
-    while n >= 1024 and i < len(units) - 1:
-        n, i = n / 1024, i + 1
-    return f"{n:.1f} {units[i]}" if i else f"{int(n)} B"

@@ -20,6 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from engine.kv_sizing import KVLayout
 from engine.weights import (
     ModelNotFoundError,
     PickleCheckpointError,
@@ -27,7 +28,6 @@ from engine.weights import (
     cached_hf_models,
     expected_weight_shapes,
     iter_weights,
-    kv_cache_bytes_per_token,
     load_tokenizer,
     resolve_model,
 )
@@ -112,7 +112,7 @@ def test_expected_shapes_spell_out_qwen3_head_dim() -> None:
     assert shapes["model.layers.1.self_attn.k_proj.weight"] == (32, 32)
     assert shapes["model.layers.1.self_attn.o_proj.weight"] == (32, 64)
     assert shapes["model.layers.1.self_attn.k_norm.weight"] == (16,)
-    assert kv_cache_bytes_per_token(config) == 2 * 2 * 2 * 16 * 2
+    assert KVLayout.from_config(config).bytes_per_token == 2 * 2 * 2 * 16 * 2
 
 
 def test_tokenizer_folder_and_dummy_over_a_folder(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_presets_resolve_to_dummy_with_published_shapes(name: str) -> None:
     c = source.hf_config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     got = (c.architectures[0], c.num_hidden_layers, c.hidden_size, c.num_attention_heads)
-    got += (c.num_key_value_heads, head_dim, c.vocab_size, kv_cache_bytes_per_token(c))
+    got += (c.num_key_value_heads, head_dim, c.vocab_size, KVLayout.from_config(c).bytes_per_token)
     assert got == PRESETS[name]
     assert (source.load_format, source.weights_dir, source.tokenizer_dir) == ("dummy", None, None)
     assert c.tie_word_embeddings
