@@ -32,8 +32,20 @@ def _git_commit() -> str | None:
             timeout=5,
             check=True,
         )
+        # Dirty means code differs from the commit; notes and results being written do not count.
         dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "-C",
+                str(here),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!*.md",
+                ":!results",
+            ],
             capture_output=True,
             text=True,
             timeout=5,
