@@ -235,6 +235,10 @@ class LLM:
         if result and result.logprobs is not None:
             self.tracker.record_logprobs(out, result.logprobs)
         finished = self.scheduler.update(out, sampled)
+        if not out.seqs and not finished and self.scheduler.has_unfinished():
+            raise RuntimeError(  # an invariant, not a user error: never loop silently
+                f"scheduler made no progress with {self.scheduler.num_unfinished} unfinished"
+            )
         stopped = self.tracker.check_stop_strings(out.seqs)
         if stopped:
             self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
