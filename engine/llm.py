@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import asdict
 
@@ -203,18 +203,26 @@ class LLM:
         return self.generate(({"messages": c} for c in conversations), sampling_params)
 
     def stream(
-        self, prompts: Iterable[PromptInput], sampling_params: ParamsArg = None
+        self,
+        prompts: Iterable[PromptInput],
+        sampling_params: ParamsArg = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield each request's output as soon as it finishes (completion order).
 
         The input is consumed lazily: only about `max_num_seqs` requests wait in the queue at a
-        time, so an iterator over a huge file is never held in memory at once.
+        time, so an iterator over a huge file is never held in memory at once. `should_stop` is
+        asked before every step; once it answers True, everything in flight is aborted (its
+        blocks freed, nothing yielded for it) and the stream ends.
         """
         feed = iter(enumerate(prompts))
         params_of = _params_picker(sampling_params)
         sched, low_water = self.scheduler, self.scheduler.config.max_num_seqs
         exhausted = False
         while True:
+            if should_stop is not None and should_stop():
+                self.abort_all()
+                return
             while not exhausted and len(sched.waiting) < low_water:
                 item = next(feed, None)
                 if item is None:
@@ -226,6 +234,14 @@ class LLM:
                     return
                 continue
             yield from self.step()
+
+    def abort_all(self) -> int:
+        """Drop every request in flight; returns how many there were."""
+        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        self.scheduler.finish(seqs, SequenceStatus.FINISHED_ABORTED)
+        for seq in seqs:
+            self.runner.release(seq)
+        return self.tracker.clear()
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that finished in it."""

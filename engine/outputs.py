@@ -38,8 +38,9 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
-    error: str | None = None
+    error: str | None = None  # why the request was refused; `outputs` is then empty
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    error_code: str | None = None  # machine-readable: prompt_too_long, token_out_of_vocab, ...
 
     @property
     def ok(self) -> bool:

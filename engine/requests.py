@@ -22,6 +22,10 @@ PromptInput = str | list[int] | dict
 class BadRequest(ValueError):
     """A request that cannot be run as given; it becomes that request's error, not the call's."""
 
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 @dataclass
 class _Request:
@@ -49,6 +53,14 @@ class RequestTracker:
     def __len__(self) -> int:
         return len(self._requests)
 
+    def clear(self) -> int:
+        """Forget every request in flight (after the scheduler aborted them); returns how many."""
+        n = len(self._requests)
+        self._requests.clear()
+        self._detoks.clear()
+        self._logprobs.clear()
+        return n
+
     def add(
         self, index: int, item: PromptInput, params: SamplingParams, scheduler: Scheduler
     ) -> list[RequestOutput]:
@@ -58,10 +70,19 @@ class RequestTracker:
             if isinstance(item, dict) and item.get("sampling_params") is not None:
                 params = item["sampling_params"]
             prompt, ids = self._tokenize(item)
-        except (BadRequest, ValueError, TypeError) as exc:
-            return [RequestOutput(request_id, index, None, [], error=str(exc))]
+        except BadRequest as exc:
+            return [RequestOutput(request_id, index, None, [], error=str(exc), error_code=exc.code)]
+        except (ValueError, TypeError) as exc:  # e.g. the tokenizer or chat template refusing it
+            return [
+                RequestOutput(
+                    request_id, index, None, [], error=str(exc), error_code="invalid_prompt"
+                )
+            ]
         if request_id in self._requests:
-            return [RequestOutput(request_id, index, prompt, ids, error="duplicate request id")]
+            msg = f"request id {request_id!r} is already in flight"
+            return [
+                RequestOutput(request_id, index, prompt, ids, error=msg, error_code="duplicate_id")
+            ]
         extra_eos = self.eos_token_ids[1:]
         if extra_eos and not params.ignore_eos:
             params = replace(params, stop_token_ids=(*params.stop_token_ids, *extra_eos))
@@ -78,7 +99,9 @@ class RequestTracker:
         if isinstance(item, dict):
             keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in item]
             if len(keys) != 1:
-                raise BadRequest("give exactly one of prompt, prompt_token_ids or messages")
+                raise BadRequest(
+                    "invalid_prompt", "give exactly one of prompt, prompt_token_ids or messages"
+                )
             item = item[keys[0]] if keys[0] != "messages" else {"messages": item["messages"]}
         if isinstance(item, str):
             return item, self._encode(item, add_special_tokens=True)
@@ -88,25 +111,31 @@ class RequestTracker:
             bad = [t for t in item if not 0 <= t < self.vocab_size]
             if bad:
                 raise BadRequest(
-                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+                    "token_out_of_vocab",
+                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
                 )
             return None, list(item)
         raise BadRequest(
-            f"a prompt is text, a list of token ids or chat messages, not {type(item).__name__}"
+            "invalid_prompt",
+            f"a prompt is text, a list of token ids or chat messages, not {type(item).__name__}",
         )
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if self.tokenizer is None:
-            raise BadRequest("this model has no tokenizer: give prompt_token_ids")
+            raise BadRequest("no_tokenizer", "this model has no tokenizer: give prompt_token_ids")
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def _render_chat(self, messages) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise BadRequest("this model has no chat template: give a prompt instead of messages")
+            raise BadRequest(
+                "no_chat_template", "this model has no chat template: give a prompt, not messages"
+            )
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
         ):
-            raise BadRequest("messages must be a list of {role, content} objects")
+            raise BadRequest(
+                "invalid_messages", "messages must be a list of {role, content} objects"
+            )
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
@@ -182,7 +211,22 @@ class RequestTracker:
         del self._requests[req.request_id]
         req.metrics.finished_time = time.time()
         error = last.error if last.status == SequenceStatus.FINISHED_ERROR else None
+        # The scheduler refuses only prompts that can never run: empty or too long for the limits.
+        code = (
+            None
+            if error is None
+            else "empty_prompt"
+            if not req.prompt_token_ids
+            else "prompt_too_long"
+        )
         outputs = [] if error else [req.samples[i] for i in sorted(req.samples)]
         return RequestOutput(
-            req.request_id, req.index, req.prompt, req.prompt_token_ids, outputs, error, req.metrics
+            req.request_id,
+            req.index,
+            req.prompt,
+            req.prompt_token_ids,
+            outputs,
+            error,
+            metrics=req.metrics,
+            error_code=code,
         )

@@ -92,12 +92,29 @@ def test_bad_requests_fail_alone(llama_folder):
         [list(range(100)), [1, 2, 3], [999], "text without a tokenizer", {"prompt_token_ids": [5]}],
         SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
     )
-    assert "max_model_len=64" in outs[0].error
+    assert "max_model_len=64" in outs[0].error and outs[0].error_code == "prompt_too_long"
     assert outs[1].ok and len(outs[1].outputs[0].token_ids) == 4
     assert "outside the vocabulary" in outs[2].error
-    assert "no tokenizer" in outs[3].error
-    assert outs[4].ok
+    assert outs[2].error_code == "token_out_of_vocab"
+    assert "no tokenizer" in outs[3].error and outs[3].error_code == "no_tokenizer"
+    assert outs[4].ok and outs[4].error_code is None
     assert [o.index for o in outs] == [0, 1, 2, 3, 4]
+
+
+def test_should_stop_aborts_everything_in_flight(llama_folder):
+    llm = LLM(str(llama_folder), device="cpu", num_blocks=32, block_size=16, max_num_seqs=4)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 50, 50)]
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]] * 4
+    done = []
+    for out in llm.stream(prompts, params * 4, should_stop=lambda: len(done) >= 1):
+        done.append(out)
+    # Requests 0 and 3 (1 token each) finish in the first step, and are delivered; the rest abort.
+    assert [o.request_id for o in done] == ["0", "3"]
+    sched = llm.scheduler
+    assert not sched.has_unfinished() and len(llm.tracker) == 0
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+    again = llm.generate([[1, 2, 3]], params[0])  # the engine is usable afterwards
+    assert again[0].ok
 
 
 CHATS = [
