@@ -53,10 +53,12 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        # Left uninitialised: attention reads only slots its sequence has written, and the
+        # memory is committed as it is first written (a 4 GiB CPU pool costs nothing up front).
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=kv_dtype, device=device),
-                torch.zeros(shape, dtype=kv_dtype, device=device),
+                torch.empty(shape, dtype=kv_dtype, device=device),
+                torch.empty(shape, dtype=kv_dtype, device=device),
             )
             for _ in range(model.num_layers)
         ]

@@ -28,8 +28,8 @@ def profile_peak_bytes(
     shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
     caches = [
         (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
+            torch.empty(shape, dtype=dtype, device=device),
+            torch.empty(shape, dtype=dtype, device=device),
         )
         for _ in range(model.num_layers)
     ]

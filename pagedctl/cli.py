@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pagedctl import __version__
+from pagedctl.generate_cmd import generate
 from pagedctl.models_cmd import models_app
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ bench_app = typer.Typer(
 app.add_typer(bench_app, name="bench")
 app.add_typer(models_app, name="models")
 console = Console()
+app.command("generate")(generate)
 
 
 def _int_list(text: str) -> list[int]:

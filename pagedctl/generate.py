@@ -1,0 +1,319 @@
+"""`pagedctl generate`: a JSONL batch job that survives cron, crashes and bad lines.
+
+One run: take the output's lock, check the run manifest, reopen the output files (repairing a torn
+last line and collecting the custom_ids already done), then stream the input through the engine,
+appending each result as its request finishes. Bad lines and refused requests become error records;
+the job goes on. SIGTERM / SIGINT stop admission, keep what finished, and exit so the next run
+resumes.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engine import SamplingParams
+from pagedctl import __version__
+from pagedctl.jobs.reader import JobRequest, LineError, ReaderLimits, count_lines, read_requests
+from pagedctl.jobs.records import error_record, ok_record
+from pagedctl.jobs.store import (
+    CorruptResults,
+    JobLock,
+    LockHeld,
+    ManifestMismatch,
+    ResultStore,
+    check_manifest,
+    input_sha256,
+    manifest_path,
+)
+from pagedctl.progress import Reporter
+from pagedctl.recipes import JobSettings
+
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_DATAERR, EXIT_TEMPFAIL, EXIT_SIGINT = 0, 3, 64, 65, 75, 130
+EXIT_CODES = {
+    EXIT_OK: "every line succeeded",
+    EXIT_PARTIAL: "finished, some lines are in the errors file",
+    EXIT_USAGE: "usage: bad flags or recipe, unknown model, settings differ from the manifest",
+    EXIT_DATAERR: "the input is unusable as a whole: not a readable file, or no valid line",
+    EXIT_TEMPFAIL: "retry later: another run holds the lock, or SIGTERM stopped this one",
+    EXIT_SIGINT: "interrupted by SIGINT (Ctrl-C); rerun to resume",
+}
+
+
+class JobExit(Exception):
+    """Ends the job with an exit code and a message (the command prints it)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class JobCounts:
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    valid_lines: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    pending: dict[str, tuple[int, str]] = field(
+        default_factory=dict
+    )  # custom_id -> (line, endpoint)
+
+
+def output_paths(settings: JobSettings) -> tuple[Path, Path]:
+    """`<stem>.out.jsonl` and `<stem>.errors.jsonl` beside the input unless given."""
+    src = settings.input
+    stem = src.name.removesuffix(".jsonl").removesuffix(".json")
+    out = settings.output or src.with_name(f"{stem}.out.jsonl")
+    err = settings.errors or src.with_name(f"{stem}.errors.jsonl")
+    resolved = {p.resolve() for p in (src, out, err)}
+    if len(resolved) < 3:
+        raise JobExit(EXIT_USAGE, f"input {src}, output {out} and errors {err} must all differ")
+    return out, err
+
+
+class GenerateJob:
+    """One run of `pagedctl generate` over an input file."""
+
+    def __init__(self, settings: JobSettings, *, force: bool, quiet: bool, log_format: str):
+        if settings.input is None:
+            raise JobExit(EXIT_USAGE, "no input file: give IN.jsonl or job.input in the recipe")
+        self.s = settings
+        self.force = force
+        self.quiet, self.log_format = quiet, log_format
+        self.out_path, self.err_path = output_paths(settings)
+        self.report: Reporter | None = None
+        self.counts = JobCounts()
+        self.stop_signal: int | None = None
+        self.llm = None
+
+    def run(self) -> dict[str, Any]:
+        """Run the job; returns the summary. Raises JobExit for every non-zero ending."""
+        self._check_input()
+        for path in (self.out_path, self.err_path, self.s.summary_json):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with JobLock(self.out_path):
+                return self._run_locked()
+        except LockHeld as e:
+            raise JobExit(EXIT_TEMPFAIL, str(e)) from None
+
+    def _check_input(self) -> None:
+        src = self.s.input
+        if not src.is_file():
+            raise JobExit(EXIT_DATAERR, f"input {src} is not a file")
+        try:
+            with src.open("rb") as f:
+                f.read(1)
+        except OSError as e:
+            raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e}") from None
+
+    def _run_locked(self) -> dict[str, Any]:
+        llm = self._start_engine()
+        try:
+            check_manifest(manifest_path(self.out_path), self._manifest(llm), self.force)
+        except ManifestMismatch as e:
+            raise JobExit(EXIT_USAGE, str(e)) from None
+        store = ResultStore(self.out_path, self.err_path, fsync_every=self.s.fsync_every)
+        try:
+            store.open()
+        except CorruptResults as e:
+            raise JobExit(EXIT_DATAERR, f"cannot resume: {e}") from None
+        limits = ReaderLimits(
+            max_line_bytes=self.s.max_line_bytes,
+            max_tokens_limit=llm.max_model_len,
+            default_max_tokens=int(self.s.sampling.get("max_tokens", 256)),
+        )
+        total = count_lines(self.s.input)
+        self.report = Reporter(total, quiet=self.quiet, log_format=self.log_format)
+        self.report.event(
+            "start",
+            input=str(self.s.input),
+            output=str(self.out_path),
+            resumed=len(store.done),
+            lines=total,
+        )
+        t0 = time.perf_counter()
+        previous = self._install_signal_handlers()
+        try:
+            for out in llm.stream(self._feed(store, limits), should_stop=self._stopping):
+                self._record(store, out)
+                self._progress(llm, t0)
+        finally:
+            self._restore_signal_handlers(previous)
+            store.close()
+            self.report.close()
+        summary = self._summary(llm, store, time.perf_counter() - t0)
+        self._finish(summary, store)
+        return summary
+
+    def _start_engine(self):
+        from engine.llm import LLM
+        from engine.weights import ModelNotFoundError, UnsupportedModelError
+
+        try:
+            self.llm = LLM(self.s.model, **self.s.engine)
+        except (ModelNotFoundError, UnsupportedModelError, ValueError) as e:
+            raise JobExit(EXIT_USAGE, f"cannot start the engine: {e}") from None
+        return self.llm
+
+    def _manifest(self, llm) -> dict[str, Any]:
+        """What a resume must share with the run that started the output (capacity excepted)."""
+        capacity = {
+            k: str(v) for k, v in sorted(self.s.engine.items()) if k not in ("dtype", "seed")
+        }
+        return {
+            "input_sha256": input_sha256(self.s.input),
+            "model": llm.source.name,
+            "dtype": str(llm.dtype).removeprefix("torch."),
+            "max_model_len": llm.max_model_len,
+            "seed": self.s.engine.get("seed", 0),
+            "sampling_defaults": {k: self.s.sampling[k] for k in sorted(self.s.sampling)},
+            "pagedctl": __version__,
+            "capacity": {**capacity, "device": str(llm.device)},
+        }
+
+    # ------------------------------------------------------------------ the stream
+
+    def _feed(self, store: ResultStore, limits: ReaderLimits) -> Iterator[dict]:
+        """Engine inputs from the file; bad lines go straight to the errors file."""
+        c, defaults = self.counts, {k: v for k, v in self.s.sampling.items() if k != "max_tokens"}
+        for item in read_requests(self.s.input, limits):
+            if self._stopping():
+                return
+            if isinstance(item, LineError):
+                if item.line_no in store.done_error_lines:
+                    c.skipped += 1
+                    continue
+                store.write(
+                    error_record(item.custom_id, item.code, item.message, item.line_no), ok=False
+                )
+                c.failed += 1
+                continue
+            c.valid_lines += 1
+            if item.custom_id in store.done:
+                c.skipped += 1
+                continue
+            c.pending[item.custom_id] = (item.line_no, item.endpoint)
+            yield _engine_input(item, defaults)
+
+    def _record(self, store: ResultStore, out) -> None:
+        c = self.counts
+        line_no, endpoint = c.pending.pop(out.request_id)
+        if out.ok:
+            try:
+                record = ok_record(
+                    out.request_id, endpoint, self.llm.source.name, out, self._token_text
+                )
+            except ValueError as e:  # a bug of ours: report it on the line, keep the job going
+                record, out = None, replace(out, error=str(e), error_code="internal_error")
+            if record is not None:
+                store.write(record, ok=True)
+                c.ok += 1
+                c.prompt_tokens += len(out.prompt_token_ids)
+                c.output_tokens += sum(len(o.token_ids) for o in out.outputs)
+                return
+        code = out.error_code or "request_failed"
+        store.write(error_record(out.request_id, code, out.error, line_no), ok=False)
+        c.failed += 1
+
+    def _token_text(self, token_id: int) -> str:
+        tok = self.llm.tokenizer
+        return f"token_id:{token_id}" if tok is None else tok.decode([token_id])
+
+    def _progress(self, llm, t0: float) -> None:
+        c, sched = self.counts, llm.scheduler
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        self.report.update(
+            c.ok + c.failed + c.skipped,
+            ok=c.ok,
+            failed=c.failed,
+            out_tok_s=round(c.output_tokens / elapsed, 1),
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_usage=round(sched.kv.usage, 3),
+            preemptions=sched.stats.num_preemptions,
+        )
+
+    # ------------------------------------------------------------------ signals
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.stop_signal = signum
+
+    def _stopping(self) -> bool:
+        return self.stop_signal is not None
+
+    # ------------------------------------------------------------------ the end
+
+    def _summary(self, llm, store: ResultStore, wall: float) -> dict[str, Any]:
+        c, stats = self.counts, llm.stats
+        kv = llm.scheduler.kv
+        return {
+            "requests": c.ok + c.failed + c.skipped,
+            "ok": c.ok,
+            "failed": c.failed,
+            "skipped_resumed": c.skipped,
+            "in_flight_abandoned": len(c.pending),
+            "errors_total": store.num_errors_before + store.num_errors,
+            "prompt_tokens": c.prompt_tokens,
+            "output_tokens": c.output_tokens,
+            "wall_s": round(wall, 3),
+            "requests_per_s": round((c.ok + c.failed) / wall, 3) if wall else 0.0,
+            "output_tok_per_s": round(c.output_tokens / wall, 2) if wall else 0.0,
+            "total_tok_per_s": round((c.prompt_tokens + c.output_tokens) / wall, 2)
+            if wall
+            else 0.0,
+            "preemptions": stats["scheduler"]["num_preemptions"],
+            "recomputed_tokens": stats["scheduler"]["num_recomputed_tokens"],
+            "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
+            "peak_kv_usage": round(kv.stats.peak_used_blocks / kv.num_blocks, 4),
+            "output": str(self.out_path),
+            "errors": str(self.err_path),
+            "interrupted_by": signal.Signals(self.stop_signal).name if self.stop_signal else None,
+        }
+
+    def _finish(self, summary: dict[str, Any], store: ResultStore) -> None:
+        if self.stop_signal is not None:
+            code = EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_TEMPFAIL
+            raise JobExit(
+                code,
+                f"stopped by {summary['interrupted_by']}: rerun the same command "
+                f"to resume ({summary['ok'] + summary['failed']} results kept)",
+            )
+        if self.counts.valid_lines == 0:
+            raise JobExit(EXIT_DATAERR, f"no valid request in {self.s.input}; see {self.err_path}")
+
+
+def exit_code_for(summary: dict[str, Any]) -> int:
+    """0 when no line of the job has an error record (this run or earlier ones), else 3."""
+    return EXIT_PARTIAL if summary["errors_total"] else EXIT_OK
+
+
+def _engine_input(req: JobRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+    sampling = SamplingParams(**{**defaults, **req.sampling})
+    item: dict[str, Any] = {"request_id": req.custom_id, "sampling_params": sampling}
+    if req.messages is not None:
+        item["messages"] = req.messages
+    elif req.prompt is not None:
+        item["prompt"] = req.prompt
+    else:
+        item["prompt_token_ids"] = req.prompt_token_ids
+    return item

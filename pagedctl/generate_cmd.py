@@ -1,0 +1,172 @@
+"""`pagedctl generate`: flags and recipe in, a `GenerateJob`, a summary and an exit code out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pagedctl.generate import (
+    EXIT_CODES,
+    EXIT_SIGINT,
+    EXIT_USAGE,
+    GenerateJob,
+    JobExit,
+    exit_code_for,
+)
+from pagedctl.recipes import RecipeError, load_recipe, merge
+
+_EXIT_HELP = "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
+
+
+def generate(
+    input: Path | None = typer.Argument(
+        None, help="Input JSONL (OpenAI batch lines or simple lines)."
+    ),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Results [IN stem].out.jsonl."),
+    errors: Path | None = typer.Option(
+        None, "--errors", help="Error records [IN stem].errors.jsonl."
+    ),
+    recipe: Path | None = typer.Option(None, "--recipe", help="YAML recipe; flags override it."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model [bundled SmolLM2-135M-Instruct]."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, help="Default max_tokens of a line that gives none [256]."
+    ),
+    temperature: float | None = typer.Option(None, help="Default temperature [1.0; 0 is greedy]."),
+    top_p: float | None = typer.Option(None, help="Default top_p [1.0]."),
+    top_k: int | None = typer.Option(None, help="Default top_k [0 = off]."),
+    min_p: float | None = typer.Option(None, help="Default min_p [0.0]."),
+    stop: list[str] | None = typer.Option(None, "--stop", help="Default stop string (repeatable)."),
+    ignore_eos: bool | None = typer.Option(
+        None, "--ignore-eos", help="Default: keep going past EOS."
+    ),
+    block_size: int | None = typer.Option(None, help="KV block size in tokens [16]."),
+    num_blocks: int | None = typer.Option(None, help="KV blocks in the pool (overrides sizing)."),
+    kv_cache_memory: str | None = typer.Option(None, help="KV cache size, e.g. 4GiB."),
+    gpu_mem: float | None = typer.Option(
+        None, "--gpu-mem", help="CUDA: fraction of total device memory this process may use [0.9]."
+    ),
+    max_num_seqs: int | None = typer.Option(None, help="Most sequences running at once [256]."),
+    max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one step."),
+    max_model_len: int | None = typer.Option(None, help="Longest sequence in tokens."),
+    prefix_caching: bool | None = typer.Option(
+        None, "--prefix-caching/--no-prefix-caching", help="Share KV of common prefixes [on]."
+    ),
+    dtype: str | None = typer.Option(None, help="auto, float32, float16 or bfloat16 [auto]."),
+    device: str | None = typer.Option(None, help="auto, cpu or cuda[:N] [auto]."),
+    seed: int | None = typer.Option(None, help="Engine seed (unseeded sampling) [0]."),
+    summary_json: Path | None = typer.Option(
+        None, "--summary-json", help="Write the summary here."
+    ),
+    log_format: str = typer.Option("text", help="text or json (JSON lines on stderr)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
+    force: bool = typer.Option(False, "--force", help="Resume even if the settings changed."),
+    max_line_bytes: int | None = typer.Option(None, help="Longest input line in bytes [4 MiB]."),
+) -> None:
+    """Run a JSONL batch job: one request per line, results appended as they finish.
+
+    Lines are OpenAI batch requests (/v1/chat/completions, /v1/completions) or simple objects
+    {custom_id, prompt | messages | prompt_token_ids, sampling fields}. Results go to OUT in
+    completion order (join on custom_id); bad lines and refused requests to the errors file with
+    a code. Rerunning the same command resumes where the last run stopped.
+    """
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("--log-format is text or json")
+    _configure_logging(quiet, log_format)
+    try:
+        doc = load_recipe(recipe) if recipe else {}
+    except RecipeError as e:
+        _fail(EXIT_USAGE, str(e))
+    flags = {
+        "input": input,
+        "output": output,
+        "errors": errors,
+        "model": model,
+        "summary_json": summary_json,
+        "max_line_bytes": max_line_bytes,
+        "sampling_max_tokens": max_tokens,
+        "sampling_temperature": temperature,
+        "sampling_top_p": top_p,
+        "sampling_top_k": top_k,
+        "sampling_min_p": min_p,
+        "sampling_stop": list(stop) if stop else None,
+        "sampling_ignore_eos": ignore_eos,
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "kv_cache_memory": kv_cache_memory,
+        "gpu_memory_utilization": gpu_mem,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": prefix_caching,
+        "dtype": dtype,
+        "device": device,
+        "seed": seed,
+    }
+    settings = merge(doc, flags, base=recipe.parent if recipe else None)
+    try:
+        job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format)
+        summary = job.run()
+    except JobExit as e:
+        _fail(e.code, str(e))
+    except KeyboardInterrupt:
+        _fail(EXIT_SIGINT, "interrupted twice: stopped at once; rerun to resume")
+    code = exit_code_for(summary)
+    _report(summary, settings.summary_json, quiet and code == 0, log_format)
+    raise typer.Exit(code)
+
+
+generate.__doc__ += f"\n\nExit codes: {_EXIT_HELP}."
+
+
+def _configure_logging(quiet: bool, log_format: str) -> None:
+    level = logging.WARNING if quiet or log_format == "json" else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _fail(code: int, message: str) -> None:
+    Console(stderr=True).print(f"error: {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _report(summary: dict, path: Path | None, quiet: bool, log_format: str) -> None:
+    if path is not None:
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+    if log_format == "json":
+        print(json.dumps({"event": "summary", **summary}), file=sys.stderr)
+        return
+    if quiet:
+        return
+    table = Table(title="pagedctl generate", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("", justify="right")
+    rows = [
+        (
+            "requests (ok / failed / skipped)",
+            "{requests} ({ok} / {failed} / {skipped_resumed})".format(**summary),
+        ),
+        ("prompt / output tokens", f"{summary['prompt_tokens']:,} / {summary['output_tokens']:,}"),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("requests/s", f"{summary['requests_per_s']:.2f}"),
+        (
+            "output tok/s / total tok/s",
+            f"{summary['output_tok_per_s']:.1f} / {summary['total_tok_per_s']:.1f}",
+        ),
+        (
+            "preemptions / recomputed tokens",
+            f"{summary['preemptions']} / {summary['recomputed_tokens']:,}",
+        ),
+        ("prefix-cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"),
+        ("peak KV usage", f"{summary['peak_kv_usage']:.1%}"),
+        ("results / errors", f"{summary['output']} / {summary['errors']}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)

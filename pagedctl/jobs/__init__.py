@@ -1,0 +1,1 @@
+"""Batch jobs: reading inputs, running them on the engine, writing durable results."""

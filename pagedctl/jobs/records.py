@@ -1,0 +1,160 @@
+"""OpenAI batch output and error lines, built from what the engine hands back.
+
+One line per request: `{"id", "custom_id", "response", "error"}` (OpenAI's `BatchRequestOutput`).
+A success carries `response.body`, a `chat.completion` or `text_completion` object with one choice
+per sample and the token `usage`; a failure carries `error{code, message, line}` and a null
+`response`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the engine is only read here; importing it at run time is not needed
+    from engine.outputs import CompletionOutput, RequestOutput
+
+TokenText = Callable[[int], str]
+ENDPOINTS = ("chat", "completion")
+FINISH_REASONS = ("stop", "length")
+MIN_LOGPROB = -9999.0  # stands in for -inf (JSON has no infinities), as vLLM does
+
+# Characters that JSON leaves raw with ensure_ascii=False but that some line splitters
+# (str.splitlines, JavaScript) treat as line breaks; escaped so a record is one line everywhere.
+_LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+
+
+def _hex() -> str:
+    return secrets.token_hex(12)
+
+
+def _logprob(x: float) -> float:
+    return x if math.isfinite(x) else MIN_LOGPROB
+
+
+def _token_strings(sample: CompletionOutput, token_text: TokenText | None) -> list[str]:
+    # Without a tokenizer the id stands in, in vLLM's "token_id:<id>" form.
+    if len(sample.logprobs or ()) != len(sample.token_ids):
+        raise ValueError(
+            f"sample {sample.index} has {len(sample.logprobs or ())} logprobs for "
+            f"{len(sample.token_ids)} tokens (an engine bug); write an error_record instead"
+        )
+    if token_text is None:
+        return [f"token_id:{t}" for t in sample.token_ids]
+    return [token_text(t) for t in sample.token_ids]
+
+
+def _chat_logprobs(sample: CompletionOutput, token_text: TokenText | None) -> dict | None:
+    if sample.logprobs is None:
+        return None
+    tokens = _token_strings(sample, token_text)
+    content = [
+        {
+            "token": tok,
+            "logprob": _logprob(lp),
+            "bytes": list(tok.encode("utf-8")),
+            "top_logprobs": [],
+        }
+        for tok, lp in zip(tokens, sample.logprobs, strict=True)
+    ]
+    return {"content": content}
+
+
+def _completion_logprobs(sample: CompletionOutput, token_text: TokenText | None) -> dict | None:
+    if sample.logprobs is None:
+        return None
+    tokens = _token_strings(sample, token_text)
+    offsets, pos = [], 0
+    for tok in tokens:
+        offsets.append(pos)
+        pos += len(tok)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_logprob(lp) for _, lp in zip(tokens, sample.logprobs, strict=True)],
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def _choice(sample: CompletionOutput, endpoint: str, token_text: TokenText | None) -> dict:
+    if sample.finish_reason not in FINISH_REASONS:
+        raise ValueError(
+            f"sample {sample.index} finished with {sample.finish_reason!r}; only 'stop' and "
+            "'length' belong in an output record (write an error_record for the others)"
+        )
+    choice: dict[str, Any] = {"index": sample.index}
+    if endpoint == "chat":
+        choice["message"] = {"role": "assistant", "content": sample.text, "refusal": None}
+        choice["logprobs"] = _chat_logprobs(sample, token_text)
+    else:
+        choice["text"] = sample.text
+        choice["logprobs"] = _completion_logprobs(sample, token_text)
+    choice["finish_reason"] = sample.finish_reason
+    choice["stop_reason"] = sample.stop_reason
+    return choice
+
+
+def _usage(out: RequestOutput) -> dict:
+    prompt = len(out.prompt_token_ids)
+    completion = sum(len(s.token_ids) for s in out.outputs)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens},
+    }
+
+
+def ok_record(
+    custom_id: str,
+    endpoint: str,
+    model: str,
+    out: RequestOutput,
+    token_text: TokenText | None = None,
+    created: int | None = None,
+) -> dict:
+    """The output line of a finished request: a `chat.completion` or `text_completion` body.
+
+    `endpoint` is "chat" or "completion"; `token_text(id)` gives a token's text for logprobs.
+    Raises ValueError for a failed request or a sample that did not finish with "stop"/"length".
+    """
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {ENDPOINTS}, got {endpoint!r}")
+    if out.error is not None:
+        raise ValueError(f"request {custom_id!r} failed ({out.error}); write an error_record")
+    chat = endpoint == "chat"
+    samples = sorted(out.outputs, key=lambda s: s.index)
+    body = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + _hex(),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()) if created is None else created,
+        "model": model,
+        "choices": [_choice(s, endpoint, token_text) for s in samples],
+        "usage": _usage(out),
+    }
+    response = {"status_code": 200, "request_id": "req_" + _hex(), "body": body}
+    return {
+        "id": "batch_req_" + _hex(),
+        "custom_id": custom_id,
+        "response": response,
+        "error": None,
+    }
+
+
+def error_record(custom_id: str | None, code: str, message: str, line_no: int | None) -> dict:
+    """The error line of a request that failed; `line_no` is its 1-based line in the input."""
+    error = {"code": code, "message": message, "line": line_no}
+    return {"id": "batch_req_" + _hex(), "custom_id": custom_id, "response": None, "error": error}
+
+
+def dumps(record: dict) -> str:
+    """One compact JSON line, "\\n"-terminated, with no raw line break inside it."""
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if any(c in text for c in _LINE_BREAKS):
+        for raw, escaped in _LINE_BREAKS.items():
+            text = text.replace(raw, escaped)
+    return text + "\n"

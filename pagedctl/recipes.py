@@ -1,0 +1,112 @@
+"""Recipes: YAML files that give a job its model, engine settings, sampling defaults and paths.
+
+Precedence: built-in defaults < recipe < command-line flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINE_KEYS = (
+    "block_size",
+    "num_blocks",
+    "kv_cache_memory",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_prefix_caching",
+    "dtype",
+    "device",
+    "seed",
+)
+SAMPLING_KEYS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "ignore_eos",
+)
+JOB_KEYS = ("input", "output", "errors", "max_line_bytes", "fsync_every", "summary_json")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used as written."""
+
+
+@dataclass
+class JobSettings:
+    """Everything a `generate` run needs, after merging the recipe and the flags."""
+
+    input: Path | None = None
+    output: Path | None = None
+    errors: Path | None = None
+    model: str | None = None
+    engine: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=lambda: {"max_tokens": 256})
+    max_line_bytes: int = 4 * 2**20
+    fsync_every: int = 64
+    summary_json: Path | None = None
+
+
+def load_recipe(path: Path) -> dict[str, Any]:
+    """Read and check a recipe: known sections and keys only, so a typo is an error, not a no-op."""
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise RecipeError(f"cannot read recipe {path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of sections")
+    allowed = {"model": None, "engine": ENGINE_KEYS, "sampling": SAMPLING_KEYS, "job": JOB_KEYS}
+    for key, value in doc.items():
+        if key not in allowed:
+            raise RecipeError(f"recipe {path}: unknown section {key!r}; use {', '.join(allowed)}")
+        keys = allowed[key]
+        if keys is None:
+            continue
+        if not isinstance(value, dict):
+            raise RecipeError(f"recipe {path}: section {key!r} must be a mapping")
+        unknown = sorted(set(value) - set(keys))
+        if unknown:
+            raise RecipeError(
+                f"recipe {path}: unknown {key} keys {unknown}; known: {', '.join(keys)}"
+            )
+    return doc
+
+
+def merge(recipe: dict[str, Any], flags: dict[str, Any], base: Path | None = None) -> JobSettings:
+    """Settings from a checked recipe, then the flags that were given (None means not given).
+
+    Relative paths in a recipe are taken relative to the recipe's folder (`base`).
+    """
+    s = JobSettings()
+    s.model = recipe.get("model")
+    s.engine.update(recipe.get("engine") or {})
+    s.sampling.update(recipe.get("sampling") or {})
+    job = recipe.get("job") or {}
+    for key in ("input", "output", "errors", "summary_json"):
+        if job.get(key) is not None:
+            p = Path(job[key])
+            setattr(s, key, p if p.is_absolute() or base is None else base / p)
+    for key in ("max_line_bytes", "fsync_every"):
+        if job.get(key) is not None:
+            setattr(s, key, int(job[key]))
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in ENGINE_KEYS:
+            s.engine[key] = value
+        elif key.startswith("sampling_"):
+            s.sampling[key.removeprefix("sampling_")] = value
+        elif key in {f.name for f in fields(JobSettings)}:
+            setattr(s, key, value)
+        else:
+            raise AssertionError(f"unmapped flag {key}")
+    return s
