@@ -156,5 +156,36 @@ def bench_transformers(
         console.print(f"wrote {output}")
 
 
+@bench_app.command("job-memory")
+def bench_job_memory(
+    lines: int = typer.Option(200_000, min=1, help="Input lines (2 output tokens each)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write results as JSON."),
+) -> None:
+    """RSS growth of a `generate` job over a long input (target: under 200 MiB at 200,000 lines).
+
+    Runs in this process on the dummy-weight tiny-llama preset, sampling RSS every 50 ms.
+    """
+    from pagedctl import bench_memory
+    from pagedctl.envinfo import environment
+
+    result = bench_memory.run(lines)
+    r = result
+    console.print(
+        f"{r['lines']:,} lines, {r['results_written']:,} results in {r['wall_s']} s; RSS "
+        f"{r['rss_before_job_mib']} MiB before the job, peak {r['rss_peak_mib']} MiB: growth "
+        f"{r['rss_growth_mib']} MiB (target < {r['target_growth_mib']} MiB)"
+    )
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "benchmark": "generate job memory",
+            "command": f"pagedctl bench job-memory --lines {lines}",
+            "environment": environment(),
+            **result,
+        }
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {output}")
+
+
 def main() -> None:
     app()

@@ -20,16 +20,15 @@ from engine import SamplingParams
 from pagedctl import __version__
 from pagedctl.jobs.reader import JobRequest, LineError, ReaderLimits, count_lines, read_requests
 from pagedctl.jobs.records import error_record, ok_record
-from pagedctl.jobs.store import (
-    CorruptResults,
+from pagedctl.jobs.runctl import (
     JobLock,
     LockHeld,
     ManifestMismatch,
-    ResultStore,
     check_manifest,
     input_sha256,
     manifest_path,
 )
+from pagedctl.jobs.store import CorruptResults, ResultStore
 from pagedctl.progress import Reporter
 from pagedctl.recipes import JobSettings
 

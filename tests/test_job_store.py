@@ -18,18 +18,16 @@ import pytest
 
 from pagedctl.jobs import store as store_mod
 from pagedctl.jobs.records import error_record
-from pagedctl.jobs.store import (
-    CorruptResults,
+from pagedctl.jobs.runctl import (
     JobLock,
     LockHeld,
     ManifestMismatch,
-    ResultStore,
     check_manifest,
     input_sha256,
     lock_path,
     manifest_path,
-    repair_tail,
 )
+from pagedctl.jobs.store import CorruptResults, ResultStore, repair_tail
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -248,7 +246,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
 LOCKER = """
     import sys, time
     from pathlib import Path
-    from pagedctl.jobs.store import JobLock, LockHeld
+    from pagedctl.jobs.runctl import JobLock, LockHeld
 
     try:
         lock = JobLock(Path(sys.argv[1]))

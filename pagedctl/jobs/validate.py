@@ -1,0 +1,254 @@
+"""Per-field checks of one `pagedctl generate` request: prompt, messages, token ids, sampling.
+
+Each check returns the field in the form the engine takes, or raises FieldError with a code of
+`reader.ERROR_CODES` and a message that says what to fix.
+
+Choices worth knowing:
+- A completion `prompt` is a string, a list of token ids, or a one-element list of either.
+- Text content parts are joined with newlines (as vLLM). `max_completion_tokens` is an alias of
+  `max_tokens`; top_k -1 means off (0); an integer completions `logprobs` (0 or 1) means true.
+- The sampling dict holds only the fields the body gave, plus max_tokens (default: the smaller of
+  `default_max_tokens` and `max_tokens_limit`), so the caller can lay it over its own defaults.
+- Unknown fields are ignored; known ones that would change the output and that we do not
+  implement are errors unless set to their neutral value (e.g. presence_penalty 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from engine import SamplingParams
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+MAX_STOP = 16
+MAX_TOKEN_ID = 2**31 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Fields we do not implement, with the values that leave the output unchanged (null always does).
+_OFF: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
+    "logit_bias": ({},), "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
+    "function_call": ("none", "auto"), "response_format": ({"type": "text"},),
+    "stream": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",),
+    "use_beam_search": (False,), "min_tokens": (0,), "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "modalities": (["text"],), "audio": (), "prediction": (),
+    "reasoning_effort": (), "guided_json": (), "guided_regex": (), "guided_choice": (),
+    "guided_grammar": (), "structured_outputs": (), "prompt_logprobs": (), "bad_words": ([],),
+    "allowed_token_ids": (), "logits_processors": ([],), "chat_template": (),
+    "truncate_prompt_tokens": (),
+}  # fmt: skip
+
+
+class FieldError(Exception):
+    """Why a request line is rejected; `code` is a key of `reader.ERROR_CODES`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def parse_messages(value: Any) -> list[dict]:
+    """Chat `messages` as a list of {role, content} with text content."""
+    if not isinstance(value, list) or not value:
+        raise FieldError(
+            "invalid_messages", f"messages must be a non-empty list, got {show(value)}"
+        )
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise FieldError("invalid_messages", f"messages[{i}] must be an object, got {show(m)}")
+        if m.get("role") not in ROLES:
+            allowed = ", ".join(ROLES)
+            raise FieldError("invalid_messages", f"messages[{i}].role must be one of {allowed}")
+        if m.get("tool_calls"):
+            raise FieldError("unsupported_field", f"messages[{i}].tool_calls is not supported")
+        out.append({"role": m["role"], "content": _content(m.get("content"), i)})
+    return out
+
+
+def _content(value: Any, i: int) -> str:
+    where = f"messages[{i}].content"
+    if isinstance(value, str):
+        if not is_text(value):
+            raise FieldError(
+                "invalid_messages", f"{where} has unpaired surrogates; fix its encoding"
+            )
+        return value
+    if not isinstance(value, list):
+        raise FieldError(
+            "invalid_messages", f"{where} must be a string or a list, got {show(value)}"
+        )
+    texts = []
+    for part in value:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" and isinstance(kind, str):
+            raise FieldError(
+                "unsupported_field", f"{where}: only text parts are supported, got {show(kind)}"
+            )
+        text = part.get("text") if kind == "text" else None
+        if not isinstance(text, str) or not is_text(text):
+            raise FieldError(
+                "invalid_messages", f'{where} parts must be {{"type": "text", "text": str}}'
+            )
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def parse_prompt(value: Any) -> tuple[str | None, list[int] | None]:
+    """A completion `prompt` as (text, None) or (None, token ids)."""
+    if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
+        if len(value) > 1:
+            raise FieldError(
+                "unsupported_field", "prompt lists several prompts; put each on its own line"
+            )
+        value = value[0]
+    if isinstance(value, list):
+        return None, parse_token_ids(value, "prompt")
+    if not isinstance(value, str) or not value or not is_text(value):
+        raise FieldError("invalid_prompt", f"prompt must be a non-empty string, got {show(value)}")
+    return value, None
+
+
+def parse_token_ids(value: Any, key: str) -> list[int]:
+    """A non-empty list of token ids; `key` names the field in the message."""
+    if not isinstance(value, list) or not value or not all(_is_token(t) for t in value):
+        raise FieldError(
+            "invalid_prompt", f"{key} must be a non-empty list of token ids (ints >= 0)"
+        )
+    return value
+
+
+def parse_sampling(
+    body: dict, endpoint: str, *, max_tokens_limit: int, default_max_tokens: int, max_n: int
+) -> dict:
+    """The sampling fields the body gave, plus max_tokens, checked against SamplingParams."""
+    s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
+    if body.get("n") is not None:
+        s["n"] = _int_in(body, "n", max_n, "n_out_of_range")
+    _best_of(body.get("best_of"), s.get("n", 1))
+    for key, (allowed, ok) in _CHECKS.items():
+        if (value := body.get(key)) is not None:
+            if not ok(value):
+                raise FieldError("invalid_field", f"{key} must be {allowed}, got {show(value)}")
+            s[key] = _CONVERT.get(key, _keep)(value)
+    if body.get("logprobs") is not None:
+        s["logprobs"] = _logprobs(body["logprobs"], endpoint)
+    _unsupported(body)
+    try:
+        SamplingParams(**s)
+    except (ValueError, TypeError) as e:
+        raise FieldError("invalid_field", str(e)) from None
+    return s
+
+
+def _max_tokens(body: dict, high: int, default: int) -> int:
+    given = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
+    values = {_int_in(body, k, high, "max_tokens_out_of_range") for k in given}
+    if len(values) > 1:
+        raise FieldError("invalid_field", "max_tokens and max_completion_tokens differ; give one")
+    return values.pop() if values else min(default, high)
+
+
+def _int_in(body: dict, key: str, high: int, code: str) -> int:
+    value = body[key]
+    msg = f"{key} must be an integer in 1..{high}, got {show(value)}"
+    if not is_int(value):
+        raise FieldError("invalid_field", msg)
+    if not 1 <= value <= high:
+        raise FieldError(code, msg)
+    return value
+
+
+def _best_of(value: Any, n: int) -> None:
+    if value is None or (is_int(value) and value == n):
+        return
+    if is_int(value) and value > n:
+        raise FieldError(
+            "unsupported_field", f"best_of > n is not supported; remove best_of or set {n}"
+        )
+    raise FieldError("invalid_field", f"best_of must be an integer >= n ({n}), got {show(value)}")
+
+
+def _logprobs(value: Any, endpoint: str) -> bool:
+    if is_int(value) and value > 1 and endpoint == "completion":
+        raise FieldError(
+            "unsupported_field", "logprobs > 1 is not supported: use 0 or 1 (sampled token)"
+        )
+    if isinstance(value, bool):
+        return value
+    if is_int(value) and value >= 0 and endpoint == "completion":
+        return True  # 0 or 1: the sampled token's logprob, which is what we return
+    allowed = "true or false" if endpoint == "chat" else "0, 1, true or false"
+    raise FieldError("invalid_field", f"logprobs must be {allowed}, got {show(value)}")
+
+
+def _is_num(v: Any) -> bool:
+    return is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _is_token(v: Any) -> bool:
+    return is_int(v) and 0 <= v <= MAX_TOKEN_ID
+
+
+def _is_stop(v: Any) -> bool:
+    stops = [v] if isinstance(v, str) else v
+    ok = isinstance(stops, list) and len(stops) <= MAX_STOP
+    return ok and all(isinstance(s, str) and s and is_text(s) for s in stops)
+
+
+def _keep(v: Any) -> Any:
+    return v
+
+
+# Sampling fields checked by one rule each: field -> (what is allowed, check); then converted.
+_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "temperature": ("a number >= 0", lambda v: _is_num(v) and v >= 0),
+    "top_p": ("a number in (0, 1]", lambda v: _is_num(v) and 0 < v <= 1),
+    "min_p": ("a number in [0, 1]", lambda v: _is_num(v) and 0 <= v <= 1),
+    "top_k": ("an integer >= -1 (-1 or 0 turns it off)", lambda v: is_int(v) and v >= -1),
+    "seed": ("an integer in -2**63..2**64-1", lambda v: is_int(v) and -(2**63) <= v < 2**64),
+    "stop": (f"a non-empty string or a list of up to {MAX_STOP} of them", _is_stop),
+    "stop_token_ids": ("a list of token ids (ints >= 0)", lambda v: isinstance(v, list)
+                       and all(_is_token(t) for t in v)),
+    "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
+}  # fmt: skip
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "temperature": float, "top_p": float, "min_p": float, "top_k": lambda v: max(v, 0),
+    "stop": lambda v: [v] if isinstance(v, str) else v,
+}  # fmt: skip
+
+
+def _unsupported(body: dict) -> None:
+    for key in [k for k in body if k in _OFF]:
+        value, harmless = body[key], _OFF[key]
+        if value is not None and not any(_same(value, h) for h in harmless):
+            fix = f" or set it to {json.dumps(harmless[0])}" if harmless else ""
+            raise FieldError(
+                "unsupported_field", f"{key}={show(value)} is not supported; remove it{fix}"
+            )
+
+
+def _same(a: Any, b: Any) -> bool:
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def is_int(value: Any) -> bool:
+    """True for an int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_text(value: str) -> bool:
+    """True unless the string holds lone surrogates (from JSON escapes), which UTF-8 cannot hold."""
+    return _SURROGATE.search(value) is None
+
+
+def show(value: Any) -> str:
+    """A short description of a value for an error message (never a huge or deep repr)."""
+    if isinstance(value, dict | list):
+        return f"{'an object' if isinstance(value, dict) else 'a list'} of {len(value)}"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
