@@ -123,7 +123,7 @@ def generate(
     raise typer.Exit(code)
 
 
-generate.__doc__ += f"\n\nExit codes: {_EXIT_HELP}."
+generate.__doc__ += f"\n\n    Exit codes: {_EXIT_HELP}."
 
 
 def _configure_logging(quiet: bool, log_format: str) -> None:
