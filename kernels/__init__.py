@@ -1,9 +1,58 @@
-"""Attention and KV-write ops behind one signature each (pure-PyTorch reference for now).
+"""Attention and KV-write ops behind one signature each: Triton kernels or the PyTorch reference.
 
-The Triton kernels will be dispatched from here under the same names; callers never import a
-backend module directly.
+Dispatch per call: the Triton kernels when the tensors are on CUDA, the reference otherwise.
+Environment variable `PAGEDCTL_KERNELS=triton` forces the kernels (e.g. on the CPU under
+`TRITON_INTERPRET=1`, which must be set before the first call), `PAGEDCTL_KERNELS=reference`
+forces the reference. Callers never import a backend module directly.
 """
 
-from kernels.reference import paged_attention, write_kv
+from __future__ import annotations
+
+import os
+
+from torch import Tensor
+
+from kernels import reference
+
+
+def _use_triton(tensor: Tensor) -> bool:
+    """Whether this call goes to the Triton kernels (imported lazily: Triton is optional)."""
+    forced = os.environ.get("PAGEDCTL_KERNELS", "").lower()
+    if forced in ("reference", "triton"):
+        return forced == "triton"
+    return tensor.is_cuda
+
+
+def write_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """Store new K/V rows at their cache slots; contract in `kernels.reference.write_kv`."""
+    if _use_triton(k_cache):
+        from kernels.triton_kv import write_kv as triton_write_kv
+
+        triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
+        return
+    reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+) -> Tensor:
+    """Causal varlen attention over the paged cache; contract in `kernels.reference`."""
+    args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    if _use_triton(q):
+        from kernels.triton_attention import paged_attention as triton_paged_attention
+
+        return triton_paged_attention(*args, max_seqlen_q, max_seqlen_k, softmax_scale)
+    return reference.paged_attention(*args, max_seqlen_q, max_seqlen_k, softmax_scale)
+
 
 __all__ = ["paged_attention", "write_kv"]

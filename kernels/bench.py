@@ -1,0 +1,214 @@
+"""Decode and prefill attention benchmark on a CUDA device: `python -m kernels.bench --out DIR`.
+
+Reports, per shape: time (median of `triton.testing.do_bench`), bytes moved, achieved bandwidth as a
+fraction of this card's measured copy bandwidth; the paging overhead (random vs identity block
+table); split-KV vs no split; and peers on a contiguous cache measured in the same run: SDPA and
+compiled `flex_attention`, both with the GQA group folded into the query axis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from kernels.triton_attention import paged_attention
+
+SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
+
+
+def _ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a 2 GiB device-to-device copy (read + write counted)."""
+    src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = _ms(lambda: dst.copy_(src))
+    return 2 * src.nbytes / (ms * 1e-3)
+
+
+def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, identity: bool, device):
+    per_seq = -(-ctx // block)
+    num_blocks = batch * per_seq
+    k = torch.randn(num_blocks, block, hkv, d, dtype=dtype, device=device)
+    v = torch.randn_like(k)
+    ids = (
+        torch.arange(num_blocks, device=device)
+        if identity
+        else torch.randperm(num_blocks, device=device)
+    )
+    return k, v, ids.view(batch, per_seq).to(torch.int32)
+
+
+def decode_case(shape, batch, ctx, block, dtype, device, bandwidth) -> dict:
+    hq, hkv, d = SHAPES[shape]
+    q = torch.randn(batch, hq, d, dtype=dtype, device=device)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    scale = d**-0.5
+    row = {"shape": shape, "batch": batch, "context": ctx, "block": block}
+
+    def time_it(identity: bool, splits: int | None = None) -> float:
+        k, v, table = _pool(batch, ctx, block, hkv, d, dtype, identity, device)
+        return _ms(lambda: paged_attention(q, k, v, table, lens, cu, 1, ctx, scale, splits))
+
+    row["ms_random"] = time_it(identity=False)
+    row["ms_identity"] = time_it(identity=True)
+    row["ms_one_split"] = time_it(identity=False, splits=1)
+    kv_bytes = 2 * batch * ctx * hkv * d * q.element_size()
+    row["bytes"] = kv_bytes + 2 * q.nbytes
+    row["bw_fraction"] = row["bytes"] / (row["ms_random"] * 1e-3) / bandwidth
+    row["paging_overhead"] = row["ms_random"] / row["ms_identity"] - 1
+    row["split_speedup"] = row["ms_one_split"] / row["ms_random"]
+    return row
+
+
+def peers(shape, batch, ctx, dtype, device, with_flex: bool) -> dict:
+    """SDPA and compiled flex_attention on a contiguous cache, GQA folded into the query axis.
+
+    flex_attention compiles once per shape (tens of seconds), so it runs on a subset of shapes.
+    """
+    hq, hkv, d = SHAPES[shape]
+    g = hq // hkv
+    q = torch.randn(batch, hkv, g, d, dtype=dtype, device=device)
+    k = torch.randn(batch, hkv, ctx, d, dtype=dtype, device=device)
+    v = torch.randn_like(k)
+    out = {"ms_sdpa": _ms(lambda: F.scaled_dot_product_attention(q, k, v)), "ms_flex": None}
+    if not with_flex:
+        return out
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        flex = torch.compile(flex_attention, dynamic=False)
+        out["ms_flex"] = _ms(lambda: flex(q, k, v))
+    except Exception as e:  # report, do not hide: a peer that cannot run is a finding
+        out["ms_flex"] = None
+        out["flex_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    return out
+
+
+def prefill_case(shape, q_len, dtype, device, matmul_flops) -> dict:
+    hq, hkv, d = SHAPES[shape]
+    block = 16
+    q = torch.randn(q_len, hq, d, dtype=dtype, device=device)
+    k, v, table = _pool(1, q_len, block, hkv, d, dtype, False, device)
+    lens = torch.tensor([q_len], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
+    ms = _ms(lambda: paged_attention(q, k, v, table, lens, cu, q_len, q_len, d**-0.5))
+    qs = q.transpose(0, 1)[None]
+    ks = torch.randn(1, hkv, q_len, d, dtype=dtype, device=device)
+    vs = torch.randn_like(ks)
+    sdpa = _ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True))
+    flops = 4 * hq * d * q_len * (q_len + 1) / 2
+    return {
+        "shape": shape,
+        "q_len": q_len,
+        "ms": ms,
+        "ms_sdpa_causal": sdpa,
+        "floor_ms": flops / matmul_flops * 1e3,
+        "flops": flops,
+    }
+
+
+def matmul_rate(dtype, device) -> float:
+    a = torch.randn(8192, 8192, dtype=dtype, device=device)
+    b = torch.randn_like(a)
+    return 2 * 8192**3 / (_ms(lambda: a @ b) * 1e-3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quick", action="store_true", help="a small sweep")
+    a = p.parse_args()
+    device, dtype = torch.device("cuda"), getattr(torch, a.dtype)
+    bw, mm = copy_bandwidth(device), matmul_rate(dtype, device)
+    env = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "copy_bandwidth_GBps": bw / 1e9,
+        "matmul_TFLOPs": mm / 1e12,
+        "dtype": a.dtype,
+    }
+    batches, contexts = (
+        ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])
+    )
+    decode, peer_rows = [], []
+    for shape in SHAPES:
+        for batch in batches:
+            for ctx in contexts:
+                if batch * ctx > 256 * 8192:  # 256 x 32K would not be a decode batch anyone runs
+                    continue
+                for block in (16, 32, 64):
+                    decode.append(decode_case(shape, batch, ctx, block, dtype, device, bw))
+                peer_rows.append(
+                    {
+                        "shape": shape,
+                        "batch": batch,
+                        "context": ctx,
+                        **peers(
+                            shape,
+                            batch,
+                            ctx,
+                            dtype,
+                            device,
+                            batch in (1, 64) and ctx in (2048, 8192),
+                        ),
+                    }
+                )
+                torch.cuda.empty_cache()
+    prefill = [prefill_case(s, n, dtype, device, mm) for s in SHAPES for n in (1024, 4096, 16384)]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "kernels.json").write_text(
+        json.dumps(
+            {"environment": env, "decode": decode, "peers": peer_rows, "prefill": prefill}, indent=1
+        )
+    )
+    lines = [
+        f"# Paged attention on {env['gpu']} ({a.dtype})",
+        "",
+        f"copy bandwidth {bw / 1e9:.0f} GB/s, matmul {mm / 1e12:.0f} TFLOP/s; torch "
+        f"{env['torch']}, triton {env['triton']}",
+        "",
+        "| shape | batch | ctx | block | us | % of copy bw | paging overhead | split speedup "
+        "| SDPA us | flex us |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    peer_of = {(r["shape"], r["batch"], r["context"]): r for r in peer_rows}
+    for r in decode:
+        pr = peer_of[(r["shape"], r["batch"], r["context"])]
+        flex = "n/a" if pr["ms_flex"] is None else f"{pr['ms_flex'] * 1e3:.1f}"
+        lines.append(
+            f"| {r['shape']} | {r['batch']} | {r['context']} | {r['block']} | "
+            f"{r['ms_random'] * 1e3:.1f} | {r['bw_fraction']:.0%} | {r['paging_overhead']:+.1%} | "
+            f"{r['split_speedup']:.1f}x | {pr['ms_sdpa'] * 1e3:.1f} | {flex} |"
+        )
+    lines += [
+        "",
+        "| prefill shape | q_len | ms | floor ms | SDPA causal ms |",
+        "|---|---|---|---|---|",
+    ]
+    for r in prefill:
+        lines.append(
+            f"| {r['shape']} | {r['q_len']} | {r['ms']:.3f} | {r['floor_ms']:.3f} | "
+            f"{r['ms_sdpa_causal']:.3f} |"
+        )
+    (a.out / "kernels.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    assert math.isfinite(bw)
+
+
+if __name__ == "__main__":
+    main()

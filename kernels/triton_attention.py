@@ -1,0 +1,259 @@
+"""Triton paged attention: one kernel for prefill, chunked prefill, prefix hits and decode.
+
+A program handles `BLOCK_Q` query tokens of one sequence times all `GROUP` query heads of one KV
+head (rows `m -> (token m // GROUP, head m % GROUP)`), so each K/V tile is loaded once per group.
+It walks the sequence's KV positions `TILE_N` at a time through the block table (a tile may span
+several cache blocks), with an online softmax in float32. Decode batches may split each
+sequence's KV range over `NUM_SPLITS` programs (flash-decoding); a small combine kernel merges
+the partial results. Same contract as `kernels.reference.paged_attention`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.configs import AttentionConfig, lookup
+
+MAX_SPLITS = 32  # upper bound of KV splits per sequence
+MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq(cu_q_ptr, qblock, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest sequence index i whose first q-block (`cu_q[i] // BLOCK_Q + i`) is <= qblock."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_q_ptr + mid) // BLOCK_Q + mid <= qblock:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attn_fwd(
+    q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    num_seqs, qk_scale,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+    stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    if ONE_QBLOCK:
+        seq = pid
+        qb_start = 0
+    else:
+        seq = _find_seq(cu_q_ptr, pid, num_seqs, BLOCK_Q)
+        qb_start = (pid - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
+    q_begin = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
+    if qb_start >= q_len:
+        return
+    context = tl.load(seq_lens_ptr + seq) - q_len
+    rows = tl.arange(0, BLOCK_M)
+    tok = qb_start + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    q_rows = (q_begin + tok).to(tl.int64)
+    q_off = q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = q.to(k_ptr.dtype.element_ty)
+    q_pos = context + tok
+    limit = context + tl.minimum(qb_start + BLOCK_Q, q_len)  # keys [0, limit) are visible
+    num_tiles = tl.cdiv(limit, TILE_N)
+    tile_lo = 0
+    tile_hi = num_tiles
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+        if tile_lo >= tile_hi:
+            return
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_vh
+    for j in range(tile_lo, tile_hi):
+        pos = j * TILE_N + tl.arange(0, TILE_N)
+        pos_ok = pos < limit
+        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        off = pos % BLOCK_SIZE
+        k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
+        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
+        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+        o_mask = row_ok[:, None] & d_ok[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        ws = ((seq.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
+        tl.store(m_ws_ptr + ws + rows, m_i)
+        tl.store(l_ws_ptr + ws + rows, l_i)
+        tl.store(acc_ws_ptr + (ws + rows)[:, None] * D_PAD + d[None, :], acc)
+
+
+@triton.jit
+def _combine_splits(
+    out_ptr, seq_lens_ptr, cu_q_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    q_begin = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
+    if q_len <= 0:
+        return
+    # The splits that had work, recomputed exactly as `_attn_fwd` chose them.
+    num_tiles = tl.maximum(tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N), 1)
+    active = tl.cdiv(num_tiles, tl.cdiv(num_tiles, NUM_SPLITS))
+    rows = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D_PAD)
+    base = (seq.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS * BLOCK_M
+    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        live = tl.full([BLOCK_M], s, tl.int32) < active
+        m_s = tl.load(m_ws_ptr + base + s * BLOCK_M + rows, mask=live, other=float("-inf"))
+        m_max = tl.maximum(m_max, m_s)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for s in range(NUM_SPLITS):
+        row_at = base + s * BLOCK_M + rows
+        live = tl.full([BLOCK_M], s, tl.int32) < active
+        m_s = tl.load(m_ws_ptr + row_at, mask=live, other=float("-inf"))
+        w = tl.exp2(m_s - m_max)
+        total += w * tl.load(l_ws_ptr + row_at, mask=live, other=0.0)
+        part_at = acc_ws_ptr + row_at[:, None] * D_PAD + d[None, :]
+        part = tl.load(part_at, mask=live[:, None] & (d < D_PAD)[None, :], other=0.0)
+        acc += w[:, None] * part
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    tok = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    o_rows = (q_begin + tok).to(tl.int64)
+    o_off = o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+    mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
+    """(compute capability, SM count) of a CUDA device; (None, 8) for the CPU interpreter."""
+    if device.type != "cuda":
+        return None, 8
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
+    """KV splits per sequence for a decode batch: enough programs for ~2 waves of the SMs.
+
+    Depends only on host integers (never on tensor values), so a CUDA graph captured for a batch
+    bucket with the bucket's largest `max_seqlen_k` keeps one fixed grid.
+    """
+    wanted = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
+    useful = -(-max_seqlen_k // MIN_SPLIT_TOKENS)
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def tile_shape(group: int, decode: bool, cfg: AttentionConfig) -> tuple[int, int]:
+    """(BLOCK_Q query tokens, BLOCK_M rows) of one program for a GQA group size."""
+    if decode:
+        return 1, max(cfg.min_rows, triton.next_power_of_2(group))
+    block_q = max(1, cfg.block_m // group)
+    return block_q, max(16, triton.next_power_of_2(block_q * group))
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    num_splits: int | None = None,
+    config: AttentionConfig | None = None,
+) -> Tensor:
+    """Causal attention of a flat varlen batch over a paged KV cache (see the reference op).
+
+    `max_seqlen_q` must bound every query length (it picks the decode path and the grid);
+    `max_seqlen_k` only sizes the split count. `num_splits` forces the split count of a decode
+    batch (`max_seqlen_q <= 1`; other batches always use one); `config` overrides the shipped
+    tile table. Both are for tests and benchmarks.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    group, num_seqs = num_heads // num_kv_heads, seq_lens.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    capability, num_sms = _device_info(q.device)
+    decode = max_seqlen_q <= 1
+    cfg = config or lookup(capability, "decode" if decode else "prefill", head_dim)
+    block_q, block_m = tile_shape(group, decode, cfg)
+    one_qblock = max_seqlen_q <= block_q
+    splits = 1
+    if decode:
+        splits = num_splits or choose_num_splits(num_seqs, num_kv_heads, max_seqlen_k, num_sms)
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    if splits > 1:
+        ws = (num_seqs, num_kv_heads, splits, block_m)
+        acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
+        m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
+        l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
+    else:
+        acc_ws = m_ws = l_ws = out  # never touched
+    grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_Q=block_q, BLOCK_M=block_m)
+    consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=splits)
+    _attn_fwd[(grid0, num_kv_heads, splits)](
+        q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
+        num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
+        *v_cache.stride(), block_tables.stride(0),
+        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+    )  # fmt: skip
+    if splits > 1:
+        _combine_splits[(num_seqs, num_kv_heads)](
+            out, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws, *out.stride(), **consts
+        )
+    return out

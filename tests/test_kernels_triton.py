@@ -1,0 +1,327 @@
+"""Triton attention and KV-write kernels: CPU interpreter runs against a naive float64 attention,
+cross-compilation of every shipped config for sm_75/sm_80/sm_90, and backend dispatch.
+
+`TRITON_INTERPRET=1` must be set before the kernels are first JIT-ed, so the interpreter cases
+(`test_interp_*`) run in one child pytest process started by `test_interpreter_suite`; they are
+skipped in a process without the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+from tests.test_kernels_reference import naive_attention
+
+triton = pytest.importorskip("triton")
+
+from kernels import configs, reference, triton_kv  # noqa: E402
+from kernels import triton_attention as ta  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interp = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child process")
+compiled = pytest.mark.skipif(INTERPRETED, reason="cross-compilation runs in the parent process")
+GARBAGE_BLOCK = 2**31 - 1  # table padding past each sequence: reading it would fault or raise
+HEADS = [(14, 2), (9, 3), (4, 4)]
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
+
+
+@compiled
+def test_interpreter_suite() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [*cmd, "-k", "test_interp_"], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+
+
+@dataclass
+class Batch:
+    """A paged varlen batch plus each sequence's contiguous K/V for the naive attention."""
+
+    q: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    table: Tensor
+    seq_lens: Tensor
+    cu_q: Tensor
+    q_lens: list[int]
+    ks: list[Tensor]
+    vs: list[Tensor]
+
+    def run(self, **kwargs: object) -> Tensor:
+        """The Triton kernel's output for this batch."""
+        return ta.paged_attention(
+            self.q, self.k_cache, self.v_cache, self.table, self.seq_lens, self.cu_q,
+            max(self.q_lens), int(self.seq_lens.max()), self.q.shape[-1] ** -0.5, **kwargs,
+        )  # fmt: skip
+
+    def check(self, **kwargs: object) -> None:
+        """Assert the kernel matches the naive attention and never lets NaN through."""
+        out = self.run(**kwargs)
+        assert out.dtype == self.q.dtype and out.shape == self.q.shape
+        assert torch.isfinite(out).all()
+        ref = naive_attention(self.q, self.ks, self.vs, self.q_lens)
+        tol = TOL[self.q.dtype]
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+def make_batch(
+    specs: list[tuple[int, int]],
+    block_size: int,
+    heads: tuple[int, int],
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.float32,
+    shared_blocks: int = 0,
+    fused_kv: bool = False,
+    seed: int = 0,
+) -> Batch:
+    """`(q_len, context_len)` sequences on shuffled blocks; unused slots hold NaN.
+
+    The first `shared_blocks` blocks of every sequence are the same physical blocks (a shared
+    prefix); `fused_kv` makes K and V strided halves of one `[N, 2, B, Hkv, D]` tensor.
+    """
+    num_heads, num_kv_heads = heads
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [q + c for q, c in specs]
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needed) + 4
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, float("nan"), dtype=dtype).unbind(1)
+    if not fused_kv:
+        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    prefix = [pool.pop() for _ in range(shared_blocks)]
+    shared = torch.randn(2, shared_blocks * block_size, num_kv_heads, head_dim, generator=gen)
+    table = torch.full((len(specs), max(needed) + 2), GARBAGE_BLOCK, dtype=torch.int32)
+    ks, vs = [], []
+    for i, n in enumerate(seq_lens):
+        blocks = prefix + [pool.pop() for _ in range(needed[i] - shared_blocks)]
+        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        own = torch.randn(2, n - shared.shape[1], num_kv_heads, head_dim, generator=gen)
+        k, v = torch.cat([shared, own], dim=1).to(dtype)
+        pos = torch.arange(n)
+        ids = torch.tensor(blocks)[pos // block_size]
+        k_cache[ids, pos % block_size], v_cache[ids, pos % block_size] = k, v
+        ks.append(k)
+        vs.append(v)
+    q_lens = [q for q, _ in specs]
+    q = (3 * torch.randn(sum(q_lens), num_heads + 1, head_dim, generator=gen)).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    # q is a non-contiguous view (one extra head sliced off).
+    return Batch(q[:, 1:], k_cache, v_cache, table, lens, cu, q_lens, ks, vs)
+
+
+def mixed(bs: int) -> list[tuple[int, int]]:
+    """Prefill without history, chunked prefill and decodes around block boundaries."""
+    return [(37, 0), (5, bs - 5), (1, bs - 1), (1, 0), (12, 2 * bs + 3 - 12), (1, bs), (3, 1)]
+
+
+def decodes(bs: int) -> list[tuple[int, int]]:
+    """Decode rows whose lengths sit around block boundaries, plus one long context."""
+    return [(1, n) for n in (0, bs - 2, bs - 1, bs, 2 * bs + 2, 300)]
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_interp_mixed_batch(block_size: int, heads: tuple[int, int], dtype: torch.dtype) -> None:
+    make_batch(mixed(block_size), block_size, heads, dtype=dtype, seed=block_size).check()
+
+
+@interp
+@pytest.mark.parametrize("splits", [1, 2, 5, 12])  # 12 > tiles of every sequence
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_interp_decode_splits(block_size: int, heads: tuple[int, int], splits: int) -> None:
+    make_batch(decodes(block_size), block_size, heads, seed=splits).check(num_splits=splits)
+
+
+@interp
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_interp_decode_fp16_auto_splits(block_size: int) -> None:
+    batch = make_batch(decodes(block_size), block_size, (14, 2), dtype=torch.float16)
+    assert ta.choose_num_splits(6, 2, 300, 8) == 2  # the interpreter's stand-in SM count
+    batch.check()
+
+
+@interp
+@pytest.mark.parametrize(
+    ("block_size", "tile_n", "block_m"), [(64, 16, 16), (16, 64, 16), (32, 32, 32)]
+)
+@pytest.mark.parametrize("heads", [(14, 2), (9, 3)])
+def test_interp_tiles_inside_and_across_blocks(
+    block_size: int, tile_n: int, block_m: int, heads: tuple[int, int]
+) -> None:
+    cfg = configs.AttentionConfig(block_m, tile_n, num_warps=4, num_stages=1, min_rows=1)
+    batch = make_batch(mixed(block_size), block_size, heads, seed=tile_n)
+    batch.check(config=cfg)
+    decode = make_batch(decodes(block_size), block_size, heads, seed=tile_n)
+    decode.check(config=cfg, num_splits=3)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_interp_shared_prefix_blocks_and_fused_kv_views(dtype: torch.dtype) -> None:
+    specs = [(1, 40), (7, 33), (1, 32), (20, 60)]
+    make_batch(specs, 16, (14, 2), dtype=dtype, shared_blocks=2, fused_kv=True).check()
+    decode = [(1, 40), (1, 70), (1, 32)]
+    batch = make_batch(decode, 16, (9, 3), dtype=dtype, shared_blocks=2, fused_kv=True)
+    batch.check(num_splits=4)
+
+
+@interp
+@pytest.mark.parametrize("head_dim", [24, 128])
+def test_interp_head_dims_padded_or_large(head_dim: int) -> None:
+    make_batch(mixed(16), 16, (9, 3), head_dim=head_dim).check()
+    make_batch(decodes(16), 16, (14, 2), head_dim=head_dim).check(num_splits=2)
+
+
+@interp
+def test_interp_single_split_launches_no_combine(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoLaunch:
+        def __getitem__(self, grid: object) -> None:
+            raise AssertionError("combine kernel launched for one split")
+
+    monkeypatch.setattr(ta, "_combine_splits", NoLaunch())
+    make_batch(decodes(16), 16, (14, 2)).check(num_splits=1)
+    make_batch(mixed(16), 16, (14, 2)).check()
+
+
+@interp
+def test_interp_dispatch_through_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernels
+
+    monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
+    b = make_batch(mixed(32), 32, (14, 2), seed=7)
+    max_k = int(b.seq_lens.max())
+    args = (b.q, b.k_cache, b.v_cache, b.table, b.seq_lens, b.cu_q, max(b.q_lens), max_k, 0.125)
+    torch.testing.assert_close(kernels.paged_attention(*args), b.run(), atol=0, rtol=0)
+    k_cache, v_cache = torch.zeros(4, 16, 2, 8), torch.zeros(4, 16, 2, 8)
+    kernels.write_kv(
+        torch.ones(2, 2, 8), torch.ones(2, 2, 8), k_cache, v_cache, torch.tensor([3, -1])
+    )
+    assert int(k_cache.count_nonzero()) == 16 and float(k_cache[0, 3].sum()) == 16
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("fused_kv", [False, True])
+def test_interp_write_kv_matches_reference(dtype: torch.dtype, fused_kv: bool) -> None:
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.full((6, 2, 16, 3, 40), float("nan"), dtype=dtype)
+    caches = kv.unbind(1) if fused_kv else (kv[:, 0].contiguous(), kv[:, 1].contiguous())
+    expected = [c.clone() for c in caches]
+    # float32 rows (K a strided view) into a cache of any dtype
+    key, value = torch.randn(2, 7, 5, 40, generator=gen)[:, :, 1:4]
+    slots = torch.tensor([0, 95, -1, 17, -1, 40, 63])
+    triton_kv.write_kv(key, value.contiguous(), caches[0], caches[1], slots)
+    reference.write_kv(key, value, expected[0], expected[1], slots)
+    for got, want in zip(caches, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True)
+    assert int(torch.isnan(caches[0]).all(-1).all(-1).logical_not().sum()) == 5
+
+
+# --- no interpreter: split policy, dispatch, cross-compilation -------------------------------
+
+
+@compiled
+def test_split_count_follows_sms_batch_and_context() -> None:
+    assert ta.choose_num_splits(1, 2, 8192, 132) == ta.MAX_SPLITS
+    assert ta.choose_num_splits(1, 2, 600, 132) == 3  # no split shorter than MIN_SPLIT_TOKENS
+    assert ta.choose_num_splits(32, 2, 4096, 132) == 5  # ceil(264 / 64)
+    assert ta.choose_num_splits(256, 2, 32768, 132) == 1
+    assert ta.choose_num_splits(1, 3, 100, 40) == 1
+
+
+@compiled
+@pytest.mark.parametrize(("forced", "on_cuda", "backend"), [
+    ("", False, "reference"), ("", True, "triton"), ("reference", True, "reference"),
+    ("triton", False, "triton"),
+])  # fmt: skip
+def test_dispatch_rule(
+    monkeypatch: pytest.MonkeyPatch, forced: str, on_cuda: bool, backend: str
+) -> None:
+    import kernels
+
+    class Probe:
+        is_cuda = on_cuda
+
+    monkeypatch.setenv("PAGEDCTL_KERNELS", forced)
+    assert kernels._use_triton(Probe()) == (backend == "triton")  # type: ignore[arg-type]
+
+
+def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc: int, cfg: dict):
+    """Cross-compile a `@triton.jit` function for `GPUTarget("cuda", cc, 32)` without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {}
+    for name in fn.arg_names:  # type: ignore[attr-defined]
+        sig[name] = "constexpr" if name in consts else pointers.get(name, "i32")
+    sig.update({k: "fp32" for k in sig if k == "qk_scale"})
+    target = GPUTarget("cuda", cc, 32)
+    options = triton.compiler.make_backend(target).parse_options(cfg)
+    return triton.compile(ASTSource(fn, sig, consts), target=target, options=options.__dict__)
+
+
+def _attention_pointers(dtype: str) -> dict[str, str]:
+    names = ["q_ptr", "k_ptr", "v_ptr", "out_ptr"]
+    ptrs = {n: f"*{dtype}" for n in names}
+    ptrs.update({n: "*i32" for n in ["bt_ptr", "seq_lens_ptr", "cu_q_ptr"]})
+    ptrs.update({n: "*fp32" for n in ["acc_ws_ptr", "m_ws_ptr", "l_ws_ptr"]})
+    return ptrs
+
+
+TARGETS = {"sm75": 75, "sm80": 80, "sm90": 90}
+
+
+@compiled
+@pytest.mark.parametrize("key", sorted(configs.CONFIGS))
+def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) -> None:
+    fam, phase = key
+    dtypes = ["fp16"] if fam == "sm75" else ["fp16", "bf16"]
+    for i, (group, head_dim) in enumerate([(7, 64), (3, 128), (1, 64)]):
+        dtype = dtypes[i % len(dtypes)]
+        cfg = configs.lookup((TARGETS[fam] // 10, TARGETS[fam] % 10), phase, head_dim)
+        block_q, block_m = ta.tile_shape(group, phase == "decode", cfg)
+        splits = 4 if phase == "decode" else 1
+        consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_SIZE=16)
+        consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n, NUM_SPLITS=splits)
+        consts.update(ONE_QBLOCK=phase == "decode", DOT_PREC="tf32")
+        launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        kernel = _compile(ta._attn_fwd, _attention_pointers(dtype), consts, TARGETS[fam], launch)
+        if fam == "sm75":
+            assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
+            assert "mma" not in kernel.asm["ptx"]  # Turing: FMA dots only
+        if phase == "decode":
+            del consts["BLOCK_SIZE"], consts["ONE_QBLOCK"], consts["DOT_PREC"]
+            ptrs = {**_attention_pointers(dtype), "out_ptr": f"*{dtype}"}
+            _compile(ta._combine_splits, ptrs, consts, TARGETS[fam], {"num_warps": 4})
+
+
+@compiled
+@pytest.mark.parametrize("cc", [75, 90])
+def test_fp32_test_path_and_write_kv_compile(cc: int) -> None:
+    cfg = configs.lookup((cc // 10, cc % 10), "prefill", 64)
+    consts = dict(GROUP=3, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=32, BLOCK_Q=21, BLOCK_M=64)
+    consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=1, ONE_QBLOCK=False, DOT_PREC="ieee")
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    kernel = _compile(ta._attn_fwd, _attention_pointers("fp32"), consts, cc, launch)
+    assert cc != 75 or kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
+    ptrs = {n: "*fp16" for n in ["key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr"]}
+    ptrs["slot_ptr"] = "*i64"
+    consts = dict(BLOCK_SIZE=16, NUM_KV_HEADS=3, HEAD_DIM=64, H_PAD=4, D_PAD=64)
+    _compile(triton_kv._write_kv, ptrs, consts, cc, {"num_warps": 1})

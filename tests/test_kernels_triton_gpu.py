@@ -1,0 +1,178 @@
+"""Triton kernels on a CUDA device against the PyTorch reference op: real sizes, bf16, contexts
+to 32K, a pool of more than 2^31 elements, and CUDA-graph capture and replay with changing
+lengths. Marked `gpu`; skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+import kernels
+from kernels import reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GARBAGE_BLOCK = 2**31 - 1
+TOL = {torch.float16: (5e-3, 5e-3), torch.bfloat16: (1.5e-2, 1e-2)}
+
+
+def dtypes() -> list[torch.dtype]:
+    """fp16 everywhere; bf16 only where the GPU has it in hardware (compute capability >= 8)."""
+    ok = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+    return [torch.float16, torch.bfloat16] if ok else [torch.float16]
+
+
+def build(
+    specs: list[tuple[int, int]],
+    block_size: int,
+    heads: tuple[int, int],
+    dtype: torch.dtype,
+    head_dim: int = 64,
+    num_blocks: int = 0,
+    seed: int = 0,
+) -> tuple[Tensor, ...]:
+    """A paged batch of `(q_len, context_len)` on the GPU: blocks from the end of a shuffled
+    pool, NaN in every unused slot, an out-of-range id as table padding.
+
+    Returns (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q).
+    """
+    torch.manual_seed(seed)
+    dev = torch.device("cuda")
+    num_heads, num_kv_heads = heads
+    seq_lens = [q + c for q, c in specs]
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = max(num_blocks, sum(needed) + 8)
+    ids = num_blocks - 1 - torch.randperm(sum(needed) + 8, device=dev)[: sum(needed)]
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    table = torch.full((len(specs), max(needed) + 2), GARBAGE_BLOCK, dtype=torch.int32, device=dev)
+    for i, (blocks, n) in enumerate(zip(ids.split(needed), seq_lens, strict=True)):
+        table[i, : len(blocks)] = blocks.int()
+        pos = torch.arange(n, device=dev)
+        slots = blocks[pos // block_size] * block_size + pos % block_size
+        k_cache.view(-1, num_kv_heads, head_dim)[slots] = torch.randn(
+            n, num_kv_heads, head_dim, device=dev
+        ).to(dtype)
+        v_cache.view(-1, num_kv_heads, head_dim)[slots] = torch.randn(
+            n, num_kv_heads, head_dim, device=dev
+        ).to(dtype)
+    q_lens = torch.tensor([q for q, _ in specs], device=dev)
+    q = (2 * torch.randn(int(q_lens.sum()), num_heads, head_dim, device=dev)).to(dtype)
+    cu = torch.zeros(len(specs) + 1, dtype=torch.int32, device=dev)
+    cu[1:] = q_lens.cumsum(0)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    return q, k_cache, v_cache, table, lens, cu
+
+
+def compare(batch: tuple[Tensor, ...], num_splits: int | None = None) -> None:
+    """Triton output == reference output within the dtype's tolerance; no NaN anywhere."""
+    from kernels.triton_attention import paged_attention
+
+    q, _, _, _, lens, cu = batch
+    args = (*batch, int((cu[1:] - cu[:-1]).max()), int(lens.max()), q.shape[-1] ** -0.5)
+    out = paged_attention(*args, num_splits=num_splits)
+    ref = reference.paged_attention(*args)
+    assert torch.isfinite(out).all()
+    atol, rtol = TOL[q.dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+MIXED = [(512, 0), (300, 1000), (1, 8191), (1, 4096), (7, 33), (1, 1), (64, 2047)]
+
+
+@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize("heads", [(14, 2), (9, 3), (4, 4)])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_mixed_batch_matches_reference(
+    block_size: int, heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    compare(build(MIXED, block_size, heads, dtype, seed=block_size))
+
+
+@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize("splits", [None, 1, 7, 32])
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_decode_to_32k_contexts(batch: int, splits: int | None, dtype: torch.dtype) -> None:
+    lengths = torch.randint(1, 32768, (batch,), generator=torch.Generator().manual_seed(batch))
+    specs = [(1, 32767)] + [(1, int(n)) for n in lengths[1:]]
+    compare(build(specs, 16, (14, 2), dtype, seed=batch), num_splits=splits)
+
+
+@pytest.mark.parametrize("head_dim", [128])
+def test_head_dim_128_decode_and_prefill(head_dim: int) -> None:
+    compare(build(MIXED, 32, (16, 8), torch.float16, head_dim=head_dim))
+    compare(build([(1, 5000), (1, 17)], 32, (16, 8), torch.float16, head_dim=head_dim))
+
+
+def test_pool_of_more_than_2_pow_31_elements() -> None:
+    num_blocks = 2**31 // (16 * 2 * 64) + 64  # > 2^31 elements per cache
+    batch = build([(1, 3000), (9, 100), (1, 40)], 16, (14, 2), torch.float16, num_blocks=num_blocks)
+    assert batch[1].numel() > 2**31 and int(batch[3][0, 0]) > num_blocks - 300
+    compare(batch)
+    del batch
+    decode = build([(1, 3000), (1, 40)], 16, (14, 2), torch.float16, num_blocks=num_blocks)
+    compare(decode, num_splits=4)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_write_kv_matches_reference(fused: bool) -> None:
+    dev = torch.device("cuda")
+    kv = torch.zeros(1000, 2, 16, 2, 64, dtype=torch.float16, device=dev)
+    caches = kv.unbind(1) if fused else (kv[:, 0].contiguous(), kv[:, 1].contiguous())
+    expected = [c.clone() for c in caches]
+    key, value = torch.randn(2, 300, 2, 64, device=dev)
+    slots = torch.randperm(16000, device=dev)[:300]
+    slots[::7] = -1
+    kernels.write_kv(key, value, *caches, slots)
+    reference.write_kv(key, value, *expected, slots)
+    for got, want in zip(caches, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_cuda_graph_capture_and_replay_with_changing_lengths() -> None:
+    dev, dtype, batch, block_size, max_ctx = torch.device("cuda"), dtypes()[-1], 8, 16, 4096
+    num_heads, num_kv_heads, head_dim = 14, 2, 64
+    per_seq = max_ctx // block_size
+    table = torch.randperm(batch * per_seq + 8, device=dev)[: batch * per_seq]
+    table = table.view(batch, per_seq).int()
+    k_cache = torch.randn(batch * per_seq + 8, block_size, num_kv_heads, head_dim, device=dev)
+    k_cache, v_cache = k_cache.to(dtype), torch.randn_like(k_cache).to(dtype)
+    q = torch.zeros(batch, num_heads, head_dim, dtype=dtype, device=dev)
+    new_k, new_v = torch.zeros(2, batch, num_kv_heads, head_dim, dtype=dtype, device=dev)
+    slots = torch.zeros(batch, dtype=torch.int64, device=dev)
+    lens = torch.ones(batch, dtype=torch.int32, device=dev)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+
+    def step() -> Tensor:
+        kernels.write_kv(new_k, new_v, k_cache, v_cache, slots)
+        return kernels.paged_attention(q, k_cache, v_cache, table, lens, cu, 1, max_ctx, 0.125)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for trial in range(4):
+        lens.copy_(torch.randint(1, max_ctx + 1, (batch,), device=dev, dtype=torch.int32))
+        lens[trial % batch] = max_ctx if trial else 1
+        last = lens.long() - 1
+        slots.copy_(table.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size)
+        slots.add_(last % block_size)
+        q.copy_(torch.randn_like(q, dtype=torch.float32))
+        new_k.copy_(torch.randn_like(new_k, dtype=torch.float32))
+        new_v.copy_(torch.randn_like(new_v, dtype=torch.float32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(k_cache.view(-1, num_kv_heads, head_dim)[slots], new_k)
+        ref = reference.paged_attention(q, k_cache, v_cache, table, lens, cu, 1, max_ctx, 0.125)
+        atol, rtol = TOL[dtype]
+        torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
