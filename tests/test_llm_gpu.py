@@ -54,3 +54,41 @@ def test_kv_cache_is_sized_from_measured_memory():
     assert all(o.ok and len(o.outputs) == 2 for o in outs)
     assert torch.cuda.max_memory_allocated() < 0.3 * total
     assert kv.num_free_blocks == kv.num_blocks
+
+
+def _bundled_model() -> str | None:
+    """The bundled model: a GGUF named by PAGEDCTL_TEST_GGUF, else the pulled default, else None."""
+    import os
+
+    from engine.default_model import default_model_dir, is_installed
+
+    path = os.environ.get("PAGEDCTL_TEST_GGUF")
+    if path:
+        return path
+    return None if not is_installed(default_model_dir()) else "SmolLM2-135M-Instruct"
+
+
+def test_bundled_model_greedy_on_gpu_matches_the_cpu_path():
+    """The Triton kernels (GPU, fp32) give the CPU reference path's greedy tokens on SmolLM2."""
+    model = _bundled_model()
+    if model is None:
+        pytest.skip("the bundled model is not on this machine (set PAGEDCTL_TEST_GGUF)")
+    chats = [
+        [{"role": "user", "content": c}]
+        for c in (
+            "What is the capital of France?",
+            "Write a haiku about the sea.",
+            "Explain what a CPU cache is.",
+            "Give me three ideas for a rainy Sunday.",
+            "How do I make green tea?",
+            "What is 17 times 23?",
+            "Translate 'thank you' into German.",
+            "Name a famous bridge.",
+        )
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    gpu = LLM(model, device="cuda", dtype="float32", num_blocks=512)
+    cpu = LLM(model, device="cpu", dtype="float32", num_blocks=512)
+    got = [o.outputs[0].token_ids for o in gpu.chat(chats, params)]
+    want = [o.outputs[0].token_ids for o in cpu.chat(chats, params)]
+    assert got == want
