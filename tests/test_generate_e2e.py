@@ -207,3 +207,15 @@ def test_lock_and_signals(tmp_path):
     final = run(src, *FAST)
     assert final.returncode == 0, final.stderr
     assert len(by_id(read_jsonl(out))) == 40
+
+
+def test_quiet_and_json_logs(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"custom_id": "a", "prompt": "Hi", "max_tokens": 3}])
+    quiet = run(src, *FAST, "--quiet")
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+    src2 = write_jsonl(tmp_path / "b.jsonl", [{"custom_id": "b", "prompt": "Hi", "max_tokens": 3}])
+    logged = run(src2, *FAST, "--log-format", "json")
+    assert logged.returncode == 0
+    events = [json.loads(line) for line in logged.stderr.splitlines() if line.startswith("{")]
+    assert events[0]["event"] == "start" and events[-1]["event"] == "summary"
+    assert events[-1]["ok"] == 1 and events[-1]["output_tokens"] == 3
