@@ -114,7 +114,7 @@ class GenerateJob:
             raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e}") from None
 
     def _run_locked(self) -> dict[str, Any]:
-        llm = self._start_engine()
+        llm = self.start_engine()
         try:
             check_manifest(manifest_path(self.out_path), self._manifest(llm), self.force)
         except ManifestMismatch as e:
@@ -152,7 +152,10 @@ class GenerateJob:
         self._finish(summary, store)
         return summary
 
-    def _start_engine(self):
+    def start_engine(self):
+        """Load the model and size the KV pool (once; `run` calls it if nobody did before)."""
+        if self.llm is not None:
+            return self.llm
         from engine.llm import LLM
         from engine.weights import ModelNotFoundError, UnsupportedModelError
 
