@@ -25,6 +25,22 @@ logger = logging.getLogger("engine")
 
 ParamsArg = SamplingParams | Seq[SamplingParams] | None
 
+_ENGINE_DEFAULTS = {  # None: chosen from the device (see `LLM.reconfigure`)
+    "block_size": 16,
+    "num_blocks": None,
+    "kv_cache_memory": None,
+    "gpu_memory_utilization": 0.9,
+    "max_num_seqs": None,
+    "max_num_batched_tokens": None,
+    "max_model_len": None,
+    "enable_prefix_caching": True,
+    "cuda_graphs": True,
+}
+
+
+def _device_total(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).total_memory
+
 
 class LLM:
     """Offline generation on the paged engine.
@@ -37,14 +53,22 @@ class LLM:
         kv_cache_memory: bytes for the KV cache ("4GiB", "512MiB" or a number).
         gpu_memory_utilization: on CUDA, the fraction of the device's total memory this process may
             use for weights, activations and the KV cache together.
-        max_num_seqs: most sequences running at once.
-        max_num_batched_tokens: token budget of one step (chunked prefill beyond it).
+        max_num_seqs: most sequences running at once (default 1,024 on a CUDA card of 70 GiB or
+            more, else 256).
+        max_num_batched_tokens: token budget of one step, chunked prefill beyond it (default
+            16,384 on a CUDA card of 70 GiB or more, 8,192 on smaller cards, 2,048 on the CPU).
         max_model_len: longest sequence; defaults to the model's, capped by the pool.
         enable_prefix_caching: share full KV blocks between requests with the same prefix.
         dtype: "auto", "float32", "float16" or "bfloat16" (weights and KV cache).
         device: "auto", "cpu" or "cuda[:N]".
         seed: seed of the dummy weights and of unseeded sampling.
         load_format: "auto" or "dummy" (random weights of the model's config).
+        cuda_graphs: on CUDA, replay decode steps from CUDA graphs captured per batch size.
+
+    After construction, `memory` holds the sizing figures (bytes): `weights_bytes`,
+    `kv_cache_bytes`, `num_blocks`, `block_size`, and on CUDA `total_bytes`, `utilization`,
+    `activation_peak_bytes`, `non_kv_bytes` (weights + activation peak; absent when the pool
+    size was given) and `cuda_graph_bytes`.
     """
 
     def __init__(
@@ -55,7 +79,7 @@ class LLM:
         num_blocks: int | None = None,
         kv_cache_memory: str | int | None = None,
         gpu_memory_utilization: float = 0.9,
-        max_num_seqs: int = 256,
+        max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
@@ -63,9 +87,11 @@ class LLM:
         device: str | torch.device = "auto",
         seed: int = 0,
         load_format: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.seed = seed
         self.source = resolve_model(model, load_format)
         self.hf_config = self.source.hf_config
         self.model = build_model(self.hf_config, self.dtype, self.device)
@@ -81,39 +107,107 @@ class LLM:
             self.model.head_dim,
             self.dtype.itemsize,
         )
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = 8192 if self.device.type == "cuda" else 2048
-        blocks = self._num_blocks(
-            block_size,
-            num_blocks,
-            kv_cache_memory,
-            gpu_memory_utilization,
-            max_num_seqs * (max_model_len or self._config_max_len()),
-            max_num_batched_tokens,
-        )
-        self.max_model_len = self._max_model_len(max_model_len, blocks * block_size)
-        self.scheduler = Scheduler(
-            SchedulerConfig(max_num_batched_tokens, max_num_seqs, self.max_model_len),
-            CacheConfig(block_size, blocks, enable_prefix_caching, hash_seed=seed),
-        )
-        self.runner = ModelRunner(self.model, blocks, block_size, self.device, self.dtype, seed)
         self.tracker = RequestTracker(self.tokenizer, self.model.vocab_size, self._eos_ids())
-        self._log_start(blocks, block_size)
+        self.runner: ModelRunner | None = None
+        self.settings: dict = {}
+        self.reconfigure(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_memory=kv_cache_memory,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            cuda_graphs=cuda_graphs,
+        )
 
     # ------------------------------------------------------------------ set-up
+
+    def reconfigure(self, **settings) -> None:
+        """Rebuild the KV pool, scheduler and runner with new settings; the weights stay loaded.
+
+        Takes the constructor's engine keywords (`block_size`, `num_blocks`, `kv_cache_memory`,
+        `gpu_memory_utilization`, `max_num_seqs`, `max_num_batched_tokens`, `max_model_len`,
+        `enable_prefix_caching`, `cuda_graphs`); those not given keep their current value. Nothing
+        may be in flight. Used by `pagedctl sweep` to try many pools on one loaded model.
+        """
+        unknown = set(settings) - set(_ENGINE_DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown engine settings {sorted(unknown)}")
+        if self.runner is not None and self.scheduler.has_unfinished():
+            raise RuntimeError("reconfigure() with requests in flight; finish or abort them first")
+        s = {**_ENGINE_DEFAULTS, **self.settings, **settings}
+        self._release_engine()
+        big_card = self.device.type == "cuda" and _device_total(self.device) >= 70 * 2**30
+        max_num_seqs = s["max_num_seqs"] or (1024 if big_card else 256)
+        batched = s["max_num_batched_tokens"] or (
+            16384 if big_card else 8192 if self.device.type == "cuda" else 2048
+        )
+        blocks = self._num_blocks(
+            s["block_size"],
+            s["num_blocks"],
+            s["kv_cache_memory"],
+            s["gpu_memory_utilization"],
+            max_num_seqs * (s["max_model_len"] or self._config_max_len()),
+            batched,
+            max_num_seqs,
+        )
+        self.max_model_len = self._max_model_len(s["max_model_len"], blocks * s["block_size"])
+        self.scheduler = Scheduler(
+            SchedulerConfig(batched, max_num_seqs, self.max_model_len),
+            CacheConfig(s["block_size"], blocks, s["enable_prefix_caching"], hash_seed=self.seed),
+        )
+        self.runner = ModelRunner(
+            self.model,
+            blocks,
+            s["block_size"],
+            self.device,
+            self.dtype,
+            self.seed,
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs,
+            cuda_graphs=s["cuda_graphs"],
+        )
+        self.settings = s
+        self.memory["kv_cache_bytes"] = blocks * self.layout.bytes_per_block(s["block_size"])
+        self.memory.update(num_blocks=blocks, block_size=s["block_size"])
+        if self.device.type == "cuda":
+            self.memory["cuda_graph_bytes"] = self.runner.graph_pool_bytes
+        self._log_start(blocks, s["block_size"])
+
+    def _release_engine(self) -> None:
+        """Drop the current runner (its KV cache and CUDA graphs) before building another."""
+        if self.runner is None:
+            return
+        self.runner.close()
+        self.runner = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _config_max_len(self) -> int:
         return int(getattr(self.hf_config, "max_position_embeddings", 0) or 4096)
 
     def _num_blocks(
-        self, block_size, num_blocks, kv_cache_memory, utilization, useful_tokens, batched_tokens
+        self,
+        block_size,
+        num_blocks,
+        kv_cache_memory,
+        utilization,
+        useful_tokens,
+        batched_tokens,
+        max_num_seqs,
     ) -> int:
+        weights = sum(p.nbytes for p in self.model.parameters())
+        self.memory: dict = {"weights_bytes": weights, "utilization": None}
+        if self.device.type == "cuda":
+            self.memory["total_bytes"] = _device_total(self.device)
         if num_blocks is not None:
             return num_blocks
         if kv_cache_memory is not None:
             budget = parse_bytes(kv_cache_memory)
         elif self.device.type == "cuda":
-            budget = self._cuda_kv_budget(utilization, batched_tokens)
+            budget = self._cuda_kv_budget(utilization, batched_tokens, max_num_seqs)
         else:  # no more than the requests could ever use
             budget = min(default_cpu_kv_bytes(), useful_tokens * self.layout.bytes_per_token)
         blocks = self.layout.blocks_for_bytes(budget, block_size)
@@ -124,21 +218,53 @@ class LLM:
             )
         return blocks
 
-    def _cuda_kv_budget(self, utilization: float, batched_tokens: int) -> int:
-        """Total * utilization, less this process's weights and a profiled forward pass's peak."""
+    def _cuda_kv_budget(self, utilization: float, batched_tokens: int, max_num_seqs: int) -> int:
+        """Total x utilization, less this process's weights and a profiled step's peak.
+
+        The profile step is the largest batch the scheduler can form: `batched_tokens` tokens of
+        prefill and `max_num_seqs` rows of logits. Only this process's allocations count
+        (`max_memory_allocated`), so other processes on the card do not shrink the estimate;
+        they only shrink what is really free, which is checked.
+        """
         from engine.profiling import profile_peak_bytes
 
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        peak = profile_peak_bytes(self.model, self.device, self.dtype, batched_tokens)
+        total = _device_total(self.device)
+        peak = profile_peak_bytes(
+            self.model, self.device, self.dtype, batched_tokens, num_logit_rows=max_num_seqs
+        )
+        weights = self.memory["weights_bytes"]
+        budget = int(total * utilization) - peak
         free, _ = torch.cuda.mem_get_info(self.device)
-        others = total - free - torch.cuda.memory_reserved(self.device)  # context + other procs
-        budget = int(total * utilization) - peak - max(others, 0)
+        usable = free + torch.cuda.memory_reserved(self.device)
+        usable -= torch.cuda.memory_allocated(self.device)
+        self.memory.update(
+            utilization=utilization,
+            activation_peak_bytes=max(peak - weights, 0),
+            non_kv_bytes=peak,
+        )
+        logger.info(
+            "CUDA memory: %s total x %.2f = %s; weights %s, activation peak %s "
+            "(%d tokens, %d logit rows) -> %s for the KV cache",
+            format_bytes(total),
+            utilization,
+            format_bytes(total * utilization),
+            format_bytes(weights),
+            format_bytes(max(peak - weights, 0)),
+            batched_tokens,
+            max_num_seqs,
+            format_bytes(max(budget, 0)),
+        )
         if budget <= 0:
             raise ValueError(
                 f"no memory left for the KV cache: {format_bytes(total)} x {utilization} is used "
-                f"up by weights and activations ({format_bytes(peak)}) and other memory "
-                f"({format_bytes(others)}); raise gpu_memory_utilization or lower "
-                "max_num_batched_tokens"
+                f"up by weights and activations ({format_bytes(peak)}); raise "
+                "gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        if budget > usable:
+            raise ValueError(
+                f"the KV cache would need {format_bytes(budget)} but only {format_bytes(usable)} "
+                "is free on the device (other processes hold the rest); lower "
+                "gpu_memory_utilization or set kv_cache_memory"
             )
         return budget
 

@@ -1,15 +1,25 @@
 """Turns a `SchedulerOutput` into one flat varlen batch, runs the model and samples.
 
 The runner reads sequences (tokens, `num_computed_tokens`, block tables) and never writes them; it
-owns the KV cache tensors and the per-sequence random generators.
+owns the KV cache tensors, the per-sequence random generators, a persistent copy of every running
+sequence's block table (host and device), and on CUDA the decode-step graphs.
+
+Input preparation is vectorised: each sequence keeps one row of a persistent block-table array, and
+only entries that changed since the last step travel to the device; token ids, positions, slots and
+lengths are packed into one pinned buffer and sent in one copy. Decode steps (one new token per
+sequence) of up to `max_graph_batch` sequences replay a CUDA graph captured for the next batch-size
+bucket, padded with rows that write nowhere (slot -1) and attend to nothing (length 0); other steps
+run eagerly. The only host synchronisation of a step is reading the sampled tokens.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -18,7 +28,16 @@ from engine.sampler import Sampler, make_generator
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 
+logger = logging.getLogger("engine")
+
 GeneratorKey = tuple[str, int]  # (request_id, sample_index)
+MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: launch cost is amortised there
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """Decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 16 up to `max_batch`."""
+    small = [b for b in (1, 2, 4, 8) if b <= max_batch]
+    return small + list(range(16, max_batch + 1, 16)) + ([max_batch] if max_batch % 16 else [])
 
 
 @dataclass
@@ -32,9 +51,25 @@ class StepResult:
 class Batch(NamedTuple):
     input_ids: Tensor  # int64 [num_tokens]
     positions: Tensor  # int64 [num_tokens]
-    meta: AttentionMetadata
+    meta: AttentionMetadata | None  # None for a graph step: the graph holds its own
     logit_rows: list[int]  # rows of the SchedulerOutput that sample
     last_token_index: list[int]  # for each of those rows, its last token in the flat batch
+    graph_batch: int  # the CUDA graph bucket to replay, 0 for an eager step
+
+
+@dataclass
+class _Row:
+    """A sequence's row in the persistent block-table array and how much of it is current."""
+
+    slot: int
+    table: list[int]  # the sequence's own list object: replaced on free and fork
+    synced: int
+
+
+class _DecodeGraph(NamedTuple):
+    graph: torch.cuda.CUDAGraph
+    inputs: Tensor  # [5, bucket] int64 view: ids, positions, slots, lengths, table rows
+    hidden: Tensor  # the graph's output, [bucket, hidden]
 
 
 class ModelRunner:
@@ -48,10 +83,15 @@ class ModelRunner:
         device: torch.device,
         kv_dtype: torch.dtype,
         seed: int | None = 0,
+        *,
+        max_model_len: int = 4096,
+        max_num_seqs: int = 256,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.max_model_len = max_model_len
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         # Left uninitialised: attention reads only slots its sequence has written, and the
         # memory is committed as it is first written (a 4 GiB CPU pool costs nothing up front).
@@ -64,6 +104,22 @@ class ModelRunner:
         ]
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}
+        # One block-table row per live sequence; room for a sequence of max_model_len tokens
+        # plus the blocks reserved ahead of a fork.
+        self._max_blocks = -(-max_model_len // block_size) + 2
+        self._rows: dict[int, _Row] = {}
+        self._free_slots: list[int] = []
+        self._host_table = np.zeros((0, self._max_blocks), dtype=np.int32)
+        self._dev_table = torch.zeros((0, self._max_blocks), dtype=torch.int32, device=device)
+        self._grow_table(max(16, max_num_seqs))
+        self._pinned = device.type == "cuda"
+        self._graphs: dict[int, _DecodeGraph] = {}
+        self.graph_pool_bytes = 0
+        self.max_graph_batch = 0
+        if cuda_graphs and device.type == "cuda":
+            self._capture_decode_graphs(min(max_num_seqs, MAX_GRAPH_BATCH))
+
+    # ------------------------------------------------------------------ stepping
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
@@ -71,7 +127,12 @@ class ModelRunner:
         if out.copies:
             self._copy_blocks(out.copies)
         batch = self._prepare(out)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if batch.graph_batch:
+            decode = self._graphs[batch.graph_batch]
+            decode.graph.replay()
+            hidden = decode.hidden
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         sampled: list[list[int]] = [[] for _ in out.seqs]
         logit_rows = batch.logit_rows
         if not logit_rows:
@@ -79,10 +140,12 @@ class ModelRunner:
         seqs = [out.seqs[i] for i in logit_rows]
         counts = [s.num_samples_to_draw for s in seqs]
         last = batch.last_token_index
-        idx = torch.tensor(
-            [t for t, k in zip(last, counts, strict=True) for _ in range(k)], device=self.device
-        )
-        logits = self.model.compute_logits(hidden.index_select(0, idx))
+        if len(last) == sum(counts) and last == list(range(len(last))):
+            rows_hidden = hidden[: len(last)]  # a decode step: every row samples once, in order
+        else:
+            idx = [t for t, k in zip(last, counts, strict=True) for _ in range(k)]
+            rows_hidden = hidden.index_select(0, self._to_device(np.array(idx, dtype=np.int64)))
+        logits = self.model.compute_logits(rows_hidden)
         params, generators = [], []
         for seq, k in zip(seqs, counts, strict=True):
             for j in range(k):
@@ -102,55 +165,203 @@ class ModelRunner:
 
     def _prepare(self, out: SchedulerOutput) -> Batch:
         seqs, nums = out.seqs, out.num_new_tokens
-        starts = [s.num_computed_tokens for s in seqs]
-        ids = list(
-            chain.from_iterable(
-                s.token_ids[c : c + n] for s, c, n in zip(seqs, starts, nums, strict=True)
+        n = len(seqs)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
+        q_lens = np.asarray(nums, dtype=np.int64)
+        slots = np.fromiter((self._sync_row(s) for s in seqs), dtype=np.int64, count=n)
+        self._push_dirty_rows()
+        seq_lens = starts + q_lens
+        decode = bool((q_lens == 1).all())
+        if decode:
+            ids = np.fromiter(
+                (s.token_ids[c] for s, c in zip(seqs, starts.tolist(), strict=True)),
+                dtype=np.int64,
+                count=n,
             )
-        )
-        logit_rows = [
-            i
-            for i, (s, c, n) in enumerate(zip(seqs, starts, nums, strict=True))
-            if c + n == s.num_tokens
-        ]
-        max_blocks = max(len(s.block_table) for s in seqs)
-        tables = torch.tensor(
-            [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs],
-            dtype=torch.int32,
-        )
-        q_lens = torch.tensor(nums, dtype=torch.int64)
-        starts_t = torch.tensor(starts, dtype=torch.int64)
-        cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
-        torch.cumsum(q_lens, 0, out=cu[1:])
-        row = torch.repeat_interleave(torch.arange(len(seqs)), q_lens)
-        positions = starts_t[row] + torch.arange(len(ids)) - cu[:-1][row]
-        block_ids = tables[row, positions // self.block_size].to(torch.int64)
-        slots = block_ids * self.block_size + positions % self.block_size
-        seq_lens = starts_t + q_lens
-        dev = self.device
+            positions = starts
+            cu = np.arange(n + 1, dtype=np.int64)
+            sample_rows = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, n)
+        else:
+            ids = np.fromiter(
+                chain.from_iterable(
+                    s.token_ids[c : c + k]
+                    for s, c, k in zip(seqs, starts.tolist(), nums, strict=True)
+                ),
+                dtype=np.int64,
+                count=int(q_lens.sum()),
+            )
+            cu = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(q_lens, out=cu[1:])
+            row = np.repeat(np.arange(n), q_lens)
+            positions = starts[row] + np.arange(len(ids)) - cu[:-1][row]
+            sample_rows = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, n)
+        logit_rows = np.flatnonzero(sample_rows).tolist()
+        last_token_index = (cu[1:][sample_rows] - 1).tolist()
+        token_slot_rows = slots if decode else slots[np.repeat(np.arange(n), q_lens)]
+        block_ids = self._host_table[token_slot_rows, positions // self.block_size]
+        slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
+        bucket = self._bucket(n) if decode else 0
+        if bucket:
+            args = (ids, positions, slot_mapping, slots, seq_lens, logit_rows, last_token_index)
+            return self._prepare_graph(bucket, *args)
+        t = len(ids)
+        pack = np.concatenate([ids, positions, slot_mapping, slots, seq_lens, cu])
+        packed = self._to_device(pack)
+        dev_ids, dev_pos, dev_slot = packed[:t], packed[t : 2 * t], packed[2 * t : 3 * t]
+        dev_slots, rest = packed[3 * t : 3 * t + n], packed[3 * t + n :]
         meta = AttentionMetadata(
-            slot_mapping=slots.to(dev, non_blocking=True),
-            block_tables=tables.to(dev, non_blocking=True),
-            seq_lens=seq_lens.to(torch.int32).to(dev, non_blocking=True),
-            cu_seqlens_q=cu.to(torch.int32).to(dev, non_blocking=True),
-            max_seqlen_q=max(nums),
+            slot_mapping=dev_slot,
+            block_tables=self._dev_table.index_select(0, dev_slots),
+            seq_lens=rest[:n],
+            cu_seqlens_q=rest[n:],
+            max_seqlen_q=int(q_lens.max()),
             max_seqlen_k=int(seq_lens.max()),
         )
-        ends = cu[1:].tolist()
-        return Batch(
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
-            positions=positions.to(dev, non_blocking=True),
-            meta=meta,
-            logit_rows=logit_rows,
-            last_token_index=[ends[i] - 1 for i in logit_rows],
-        )
+        return Batch(dev_ids, dev_pos, meta, logit_rows, last_token_index, 0)
+
+    def _prepare_graph(
+        self, bucket, ids, positions, slot_mapping, slots, seq_lens, logit_rows, last
+    ) -> Batch:
+        """Fill the static inputs of a decode graph; rows past the batch are inert padding."""
+        n = len(ids)
+        pack = np.zeros((5, bucket), dtype=np.int64)
+        pack[0, :n], pack[1, :n], pack[2, :n] = ids, positions, slot_mapping
+        pack[3, :n], pack[4, :n] = seq_lens, slots
+        pack[2, n:] = -1  # padding writes no KV; its length 0 reads none
+        host = torch.from_numpy(pack.reshape(-1)).pin_memory()
+        self._static_flat[: 5 * bucket].copy_(host, non_blocking=True)
+        view = self._graphs[bucket].inputs
+        torch.index_select(self._dev_table, 0, view[4], out=self._static_tables[:bucket])
+        return Batch(view[0], view[1], None, logit_rows, last, bucket)
+
+    def _bucket(self, n: int) -> int:
+        if n > self.max_graph_batch:
+            return 0
+        for b in self._graph_sizes:
+            if b >= n:
+                return b
+        return 0
+
+    def _to_device(self, array: np.ndarray) -> Tensor:
+        host = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return host
+        if self._pinned:
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
+
+    # ------------------------------------------------------------------ block tables
+
+    def _sync_row(self, seq: Sequence) -> int:
+        """The sequence's row in the persistent table, with its block table copied in."""
+        table = seq.block_table
+        row = self._rows.get(seq.seq_id)
+        if row is None:
+            if not self._free_slots:
+                self._grow_table(2 * len(self._host_table))
+            row = self._rows[seq.seq_id] = _Row(self._free_slots.pop(), table, 0)
+        elif row.table is not table or len(table) < row.synced:
+            row.table, row.synced = table, 0  # freed (preempted) or replaced: copy it all again
+        n = len(table)
+        if n > row.synced:
+            if n > self._max_blocks:
+                raise RuntimeError(
+                    f"sequence {seq.seq_id} holds {n} blocks, more than max_model_len allows "
+                    f"({self._max_blocks}); this is a scheduler bug"
+                )
+            self._host_table[row.slot, row.synced : n] = table[row.synced :]
+            self._dirty.add(row.slot)
+            row.synced = n
+        return row.slot
+
+    def _push_dirty_rows(self) -> None:
+        if not self._dirty:
+            return
+        if self.device.type != "cpu":  # on the CPU the device table is the host array
+            idx = np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty))
+            rows = self._to_device(self._host_table[idx])
+            self._dev_table.index_copy_(0, self._to_device(idx), rows)
+        self._dirty.clear()
+
+    def _grow_table(self, num_rows: int) -> None:
+        old = len(self._host_table)
+        host = np.zeros((num_rows, self._max_blocks), dtype=np.int32)
+        host[:old] = self._host_table
+        self._host_table = host
+        if self.device.type == "cpu":
+            self._dev_table = torch.from_numpy(host)
+        else:
+            dev = torch.zeros((num_rows, self._max_blocks), dtype=torch.int32, device=self.device)
+            dev[:old] = self._dev_table
+            self._dev_table = dev
+        self._free_slots.extend(range(num_rows - 1, old - 1, -1))
+        self._dirty: set[int] = getattr(self, "_dirty", set())
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = self._to_device(np.array([s for s, _ in copies], dtype=np.int64))
+        dst = self._to_device(np.array([d for _, d in copies], dtype=np.int64))
         for k_cache, v_cache in self.kv_caches:
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
+        # A copy-on-write replaced a block id inside some table: copy those tables again.
+        for row in self._rows.values():
+            row.synced = 0
+
+    # ------------------------------------------------------------------ CUDA graphs
+
+    @torch.inference_mode()
+    def _capture_decode_graphs(self, max_batch: int) -> None:
+        """Capture one decode-step graph per batch bucket, largest first, sharing one pool.
+
+        All buckets read their inputs from one flat buffer (bucket b uses its first 5b entries,
+        so a step's inputs arrive in one contiguous copy) and one block-table buffer as wide as
+        `max_model_len`; attention's split count is fixed per bucket by `max_seqlen_k`.
+        """
+        sizes = graph_buckets(max_batch)
+        width = sizes[-1]
+        dev = self.device
+        self._static_flat = torch.zeros(5 * width, dtype=torch.int64, device=dev)
+        self._static_tables = torch.zeros((width, self._max_blocks), dtype=torch.int32, device=dev)
+        cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
+        before = torch.cuda.memory_reserved(dev)
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(sizes):
+            view = self._static_flat[: 5 * b].view(5, b)
+            view[2].fill_(-1)
+            view[3].zero_()
+            meta = AttentionMetadata(
+                slot_mapping=view[2],
+                block_tables=self._static_tables[:b],
+                seq_lens=view[3],
+                cu_seqlens_q=cu[: b + 1],
+                max_seqlen_q=1,
+                max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
+            )
+            args = (view[0], view[1], self.kv_caches, meta)
+            self.model(*args)  # compile the kernels of this shape outside the capture
+            torch.cuda.synchronize(dev)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden = self.model(*args)
+            self._graphs[b] = _DecodeGraph(graph, view, hidden)
+        torch.cuda.synchronize(dev)
+        self._graph_sizes = sizes
+        self.max_graph_batch = width
+        self.graph_pool_bytes = torch.cuda.memory_reserved(dev) - before
+        logger.info(
+            "captured %d CUDA graphs for decode batches up to %d (%.0f MiB)",
+            len(sizes),
+            width,
+            self.graph_pool_bytes / 2**20,
+        )
+
+    def close(self) -> None:
+        """Free the KV cache and graphs (the model stays)."""
+        self._graphs.clear()
+        self.kv_caches = []
+        self._rows.clear()
+
+    # ------------------------------------------------------------------ sampling state
 
     def _generator(self, seq: Sequence, sample_index: int) -> torch.Generator | None:
         seed = seq.sampling_params.seed
@@ -163,5 +374,8 @@ class ModelRunner:
         return gen
 
     def release(self, seq: Sequence) -> None:
-        """Forget a finished sequence's generator."""
+        """Forget a finished sequence: its generator and its block-table row."""
         self._generators.pop((seq.request_id, seq.sample_index), None)
+        row = self._rows.pop(seq.seq_id, None)
+        if row is not None:
+            self._free_slots.append(row.slot)

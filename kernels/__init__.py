@@ -1,4 +1,4 @@
-"""Attention and KV-write ops behind one signature each: Triton kernels or the PyTorch reference.
+"""Attention, KV-write and fused elementwise ops, one signature each: Triton or PyTorch reference.
 
 Dispatch per call: the Triton kernels when the tensors are on CUDA, the reference otherwise.
 Environment variable `PAGEDCTL_KERNELS=triton` forces the kernels (e.g. on the CPU under
@@ -55,4 +55,34 @@ def paged_attention(
     return reference.paged_attention(*args, max_seqlen_q, max_seqlen_k, softmax_scale)
 
 
-__all__ = ["paged_attention", "write_kv"]
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> Tensor | tuple[Tensor, Tensor]:
+    """RMSNorm of `x` (or of `x + residual`, also returned); contract in `kernels.reference`."""
+    if _use_triton(x):
+        from kernels.triton_fused import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> None:
+    """Neox rotary embedding in place on q and k; contract in `kernels.reference.rotary`."""
+    if _use_triton(q):
+        from kernels.triton_fused import rotary as triton_rotary
+
+        triton_rotary(q, k, cos, sin, positions)
+        return
+    reference.rotary(q, k, cos, sin, positions)
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`."""
+    if _use_triton(x):
+        from kernels.triton_fused import silu_and_mul as triton_silu_and_mul
+
+        return triton_silu_and_mul(x)
+    return reference.silu_and_mul(x)
+
+
+__all__ = ["paged_attention", "rms_norm", "rotary", "silu_and_mul", "write_kv"]

@@ -19,20 +19,44 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from kernels.triton_attention import paged_attention
+from kernels.triton_attention import _device_info, choose_num_splits, paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
+SPLIT_SCAN = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts timed at batch 8 and 64
 
 
 def _ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def _graphed(fn, graph: bool = True):
-    """`fn` captured in a CUDA graph (what the engine's decode will replay), or `fn` itself.
+LAYER_BYTES = 512 * 2**20  # the layers of one timed graph read at least this much (>> L2)
+MAX_LAYERS = 24
 
-    Eager launches of small kernels measure the host's launch cost, not the kernel.
+
+def num_layers(bytes_per_layer: int) -> int:
+    """Layers (distinct caches) per timed graph: enough that no layer's data is still in L2."""
+    return max(4, min(MAX_LAYERS, -(-LAYER_BYTES // bytes_per_layer)))
+
+
+def _per_call_ms(calls) -> float:
+    """Milliseconds per call of `calls` (one callable per layer) captured back to back in one
+    CUDA graph, as the engine's decode step replays them.
+
+    One replay of a single small kernel measures the graph launch (~10 us on an H200), not the
+    kernel; a layer stack measures each kernel behind the previous one, on cold data.
     """
+    for call in calls:
+        call()  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for call in calls:
+            call()
+    return _ms(g.replay) / len(calls)
+
+
+def _graphed(fn, graph: bool = True):
+    """`fn` captured in a CUDA graph, or `fn` itself (eager: the host's launch cost included)."""
     if not graph:
         return fn
     fn()  # compile outside the capture
@@ -64,24 +88,31 @@ def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, identity: b
     return k, v, ids.view(batch, per_seq).to(torch.int32)
 
 
-def decode_case(shape, batch, ctx, block, dtype, device, bandwidth) -> dict:
+def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=()) -> dict:
     hq, hkv, d = SHAPES[shape]
     q = torch.randn(batch, hq, d, dtype=dtype, device=device)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
     cu = torch.arange(batch + 1, dtype=torch.int32, device=device)
     scale = d**-0.5
-    row = {"shape": shape, "batch": batch, "context": ctx, "block": block}
-
-    def time_it(identity: bool, splits: int | None = None, graph: bool = True) -> float:
-        k, v, table = _pool(batch, ctx, block, hkv, d, dtype, identity, device)
-        call = lambda: paged_attention(q, k, v, table, lens, cu, 1, ctx, scale, splits)  # noqa: E731
-        return _ms(_graphed(call, graph))
-
-    row["ms_random"] = time_it(identity=False)
-    row["ms_eager"] = time_it(identity=False, graph=False)
-    row["ms_identity"] = time_it(identity=True)
-    row["ms_one_split"] = time_it(identity=False, splits=1)
     kv_bytes = 2 * batch * ctx * hkv * d * q.element_size()
+    layers = num_layers(kv_bytes)
+    row = {"shape": shape, "batch": batch, "context": ctx, "block": block, "layers": layers}
+    pools = {
+        identity: [_pool(batch, ctx, block, hkv, d, dtype, identity, device) for _ in range(layers)]
+        for identity in (False, True)
+    }
+
+    def calls(identity: bool, splits: int | None = None):
+        return [
+            lambda k=k, v=v, t=t: paged_attention(q, k, v, t, lens, cu, 1, ctx, scale, splits)
+            for k, v, t in pools[identity]
+        ]
+
+    row["ms_random"] = _per_call_ms(calls(False))
+    row["ms_identity"] = _per_call_ms(calls(True))
+    row["ms_one_split"] = _per_call_ms(calls(False, 1))
+    row["ms_eager"] = _ms(calls(False)[0])
+    row["ms_splits"] = {str(n): _per_call_ms(calls(False, n)) for n in scan_splits}
     row["bytes"] = kv_bytes + 2 * q.nbytes
     row["bw_fraction"] = row["bytes"] / (row["ms_random"] * 1e-3) / bandwidth
     row["paging_overhead"] = row["ms_random"] / row["ms_identity"] - 1
@@ -90,24 +121,31 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth) -> dict:
 
 
 def peers(shape, batch, ctx, dtype, device, with_flex: bool) -> dict:
-    """SDPA and compiled flex_attention on a contiguous cache, GQA folded into the query axis.
+    """SDPA and compiled flex_attention on a contiguous cache, GQA folded into the query axis,
+    timed the same way (a stack of layers with distinct caches in one CUDA graph).
 
     flex_attention compiles once per shape (tens of seconds), so it runs on a subset of shapes.
     """
     hq, hkv, d = SHAPES[shape]
     g = hq // hkv
     q = torch.randn(batch, hkv, g, d, dtype=dtype, device=device)
-    k = torch.randn(batch, hkv, ctx, d, dtype=dtype, device=device)
-    v = torch.randn_like(k)
-    out = {"ms_sdpa": _ms(_graphed(lambda: F.scaled_dot_product_attention(q, k, v)))}
-    out["ms_flex"] = None
+    layers = num_layers(2 * batch * ctx * hkv * d * q.element_size())
+    caches = [
+        (
+            torch.randn(batch, hkv, ctx, d, dtype=dtype, device=device),
+            torch.randn(batch, hkv, ctx, d, dtype=dtype, device=device),
+        )
+        for _ in range(layers)
+    ]
+    sdpa = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v) for k, v in caches]
+    out = {"ms_sdpa": _per_call_ms(sdpa), "ms_flex": None}
     if not with_flex:
         return out
     try:
         from torch.nn.attention.flex_attention import flex_attention
 
         flex = torch.compile(flex_attention, dynamic=False)
-        out["ms_flex"] = _ms(_graphed(lambda: flex(q, k, v)))
+        out["ms_flex"] = _per_call_ms([lambda k=k, v=v: flex(q, k, v) for k, v in caches])
     except Exception as e:  # report, do not hide: a peer that cannot run is a finding
         out["ms_flex"] = None
         out["flex_error"] = f"{type(e).__name__}: {str(e)[:120]}"
@@ -170,7 +208,8 @@ def main() -> None:
                 if batch * ctx > 256 * 8192:  # 256 x 32K would not be a decode batch anyone runs
                     continue
                 for block in (16, 32, 64):
-                    decode.append(decode_case(shape, batch, ctx, block, dtype, device, bw))
+                    scan = SPLIT_SCAN if block == 16 and batch in (8, 64) else ()
+                    decode.append(decode_case(shape, batch, ctx, block, dtype, device, bw, scan))
                 peer_rows.append(
                     {
                         "shape": shape,
@@ -200,7 +239,9 @@ def main() -> None:
         f"copy bandwidth {bw / 1e9:.0f} GB/s, matmul {mm / 1e12:.0f} TFLOP/s; torch "
         f"{env['torch']}, triton {env['triton']}",
         "",
-        "Times are CUDA-graph replays; eager: the same call launched from Python each time.",
+        "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
+        "(as a decode step replays them; `layers` in the JSON); eager: one call launched from "
+        "Python each time.",
         "",
         "| shape | batch | ctx | block | us | eager us | % of copy bw | paging overhead "
         "| split speedup | SDPA us | flex us |",
@@ -216,6 +257,23 @@ def main() -> None:
             f"{r['paging_overhead']:+.1%} | "
             f"{r['split_speedup']:.1f}x | {pr['ms_sdpa'] * 1e3:.1f} | {flex} |"
         )
+    lines += [
+        "",
+        "Forced split counts (block 16; us per call; `*` = the count `choose_num_splits` picks):",
+        "",
+        "| shape | batch | ctx | " + " | ".join(str(n) for n in SPLIT_SCAN) + " |",
+        "|---|---|---|" + "---|" * len(SPLIT_SCAN),
+    ]
+    for r in decode:
+        if not r["ms_splits"]:
+            continue
+        hkv = SHAPES[r["shape"]][1]
+        picked = choose_num_splits(r["batch"], hkv, r["context"], _device_info(device)[1])
+        cells = [
+            f"{ms * 1e3:.1f}{'*' if int(n) == picked else ''}" for n, ms in r["ms_splits"].items()
+        ]
+        head = f"| {r['shape']} | {r['batch']} | {r['context']} | "
+        lines.append(head + " | ".join(cells) + " |")
     lines += [
         "",
         "| prefill shape | q_len | ms | floor ms | SDPA causal ms |",

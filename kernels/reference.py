@@ -139,3 +139,55 @@ def _gather_kv(
     k = k_cache.flatten(0, 1).index_select(0, slots).view(shape)  # [S, L, Hkv, D], a copy
     v = v_cache.flatten(0, 1).index_select(0, slots).view(shape)
     return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> Tensor | tuple[Tensor, Tensor]:
+    """RMSNorm over the last axis in float32, as Hugging Face computes it; optional residual add.
+
+    Without `residual`: `weight * (xf * rsqrt(mean(xf^2) + eps)).to(x.dtype)` with `xf = x.float()`.
+    With `residual`: `s = x + residual` (rounded to `x.dtype`), returns `(rms_norm(s), s)`, the
+    normalised input of the next sublayer and the updated residual stream.
+
+    Args:
+        x: `[T, H]` or `[T, heads, H]` (Qwen3's per-head q/k norm), last axis contiguous.
+        weight: `[H]`.
+        eps: added to the mean square.
+        residual: same shape and dtype as a 2-D `x`, or None.
+
+    Returns:
+        The normalised tensor in `result_type(weight, x)` (and `s` in `x.dtype` with a residual).
+    """
+    if residual is not None:
+        s = x + residual
+        return rms_norm(s, weight, eps), s
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> None:
+    """Neox-style rotary embedding (rotate the two halves of each head), in place on q and k.
+
+    Computed in the tensors' dtype: each product and sum rounded as PyTorch rounds it.
+
+    Args:
+        q: `[T, Hq, D]`, k: `[T, Hk, D]`; views with a contiguous last axis (e.g. slices of a
+            fused qkv projection), rotated in place.
+        cos, sin: the model's tables `[max_positions, D // 2]`, in q's dtype.
+        positions: int64 `[T]`, each token's position (row of the tables).
+    """
+    cos_t, sin_t = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    for x in (q, k):
+        x1, x2 = x.chunk(2, dim=-1)
+        x.copy_(torch.cat((x1 * cos_t - x2 * sin_t, x2 * cos_t + x1 * sin_t), dim=-1))
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """SwiGLU activation of a fused gate/up projection: `[T, 2I]` -> `silu(x[:, :I]) * x[:, I:]`.
+
+    Computed in `x.dtype` (`silu` rounded, then the product rounded), as `F.silu(gate) * up`.
+    """
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

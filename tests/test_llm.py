@@ -166,3 +166,21 @@ def test_stop_strings_logprobs_and_streaming(smol):
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (12, 2)]
     order = [o.request_id for o in smol.stream([[1, 2, 3], [4, 5, 6]], params)]
     assert order == ["1", "0"]
+
+
+def test_reconfigure_rebuilds_the_pool_and_keeps_the_weights(llama_folder):
+    prompts = [[(7 * i + j) % 90 + 3 for j in range(5 + 9 * i)] for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    llm = LLM(llama_folder, block_size=16, num_blocks=64, dtype="float32", device="cpu")
+    first = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    weights = llm.model.model.embed_tokens.weight
+    llm.reconfigure(block_size=8, num_blocks=12, max_num_seqs=3)
+    assert llm.model.model.embed_tokens.weight is weights
+    assert (llm.scheduler.kv.num_blocks, llm.scheduler.kv.block_size) == (12, 8)
+    assert llm.memory["num_blocks"] == 12 and llm.memory["block_size"] == 8
+    assert llm.scheduler.config.max_num_seqs == 3
+    again = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert again == first
+    assert llm.stats["scheduler"]["num_preemptions"] > 0  # 12 blocks of 8 force preemption
+    with pytest.raises(TypeError, match="unknown engine settings"):
+        llm.reconfigure(blocksize=8)

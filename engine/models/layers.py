@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernels import rms_norm, rotary, silu_and_mul
+
 
 class Linear(nn.Module):
     """`y = x @ W^T (+ b)` with uninitialised parameters (no costly init on construction)."""
@@ -50,11 +52,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Normalise `x` and scale by the learned weight; keeps `x`'s dtype."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """Normalise `x` and scale by the learned weight; keeps `x`'s dtype.
+
+        With `residual`, normalises `x + residual` and returns it too (the residual stream),
+        in one fused kernel on the GPU.
+        """
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 class GatedMLP(nn.Module):
@@ -67,8 +71,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to `[tokens, hidden]`."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,10 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin `[T, 1, head_dim // 2]` for the tokens' `positions` `[T]`."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def rotate_(self, q: Tensor, k: Tensor, positions: Tensor) -> None:
+        """Rotate q `[T, H, D]` and k `[T, Hkv, D]` in place (strided views are fine)."""
+        rotary(q, k, self.cos, self.sin, positions)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -23,12 +23,10 @@ from engine.models.layers import (
     RMSNorm,
     RotaryEmbedding,
     UnsupportedModelError,
-    apply_rotary,
     model_spec,
 )
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-Rope = tuple[Tensor, Tensor]  # cos, sin of this step's positions
 
 
 class WeightLoadError(ValueError):
@@ -51,15 +49,22 @@ class SelfAttention(nn.Module):
             spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.head_dim**-0.5
         )
 
-    def forward(self, x: Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        rope: RotaryEmbedding,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> Tensor:
         """`[T, hidden]` -> `[T, hidden]`; writes this step's K/V into `kv_cache`."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(-1, self.q_size // self.head_dim, self.head_dim)
-        k = k.reshape(-1, self.kv_size // self.head_dim, self.head_dim)
-        v = v.reshape(-1, self.kv_size // self.head_dim, self.head_dim)
+        q = q.view(-1, self.q_size // self.head_dim, self.head_dim)
+        k = k.view(-1, self.kv_size // self.head_dim, self.head_dim)
+        v = v.view(-1, self.kv_size // self.head_dim, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        rope.rotate_(q, k, positions)  # in place: q and k may be views of the qkv output
         return self.o_proj(self.attn(q, k, v, kv_cache, meta).flatten(1))
 
 
@@ -73,10 +78,28 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def forward(self, x: Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> Tensor:
-        """One decoder layer over the flat batch `[T, hidden]`."""
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self,
+        x: Tensor,
+        residual: Tensor | None,
+        positions: Tensor,
+        rope: RotaryEmbedding,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[Tensor, Tensor]:
+        """One decoder layer over the flat batch `[T, hidden]`.
+
+        Carries the residual stream separately (`x` is the previous block's output, `residual`
+        the sum so far) so that each add fuses into the norm that follows it; the sums are the
+        same additions in the same order as `x + attn(norm(x))`, `x + mlp(norm(x))`.
+        """
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rope, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -120,11 +143,11 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> Tensor:
         """Hidden states `[num_tokens, hidden]` of a flat varlen batch (int64 ids and positions)."""
-        x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary(positions)
+        x, residual = self.model.embed_tokens(input_ids), None
+        rope = self.model.rotary
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, meta)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, positions, rope, kv_cache, meta)
+        return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Float32 logits `[rows, vocab]` of the rows that sample."""
