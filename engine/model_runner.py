@@ -31,6 +31,7 @@ from engine.sequence import Sequence
 logger = logging.getLogger("engine")
 
 GeneratorKey = tuple[str, int]  # (request_id, sample_index)
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: launch cost is amortised there
 
 
@@ -66,8 +67,19 @@ class _Row:
     synced: int
 
 
+class _EmulatedGraph:
+    """Stands in for a CUDA graph on the CPU: replays by calling the model on the same static
+    buffers and writing into the same output tensor."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple, out: Tensor) -> None:
+        self.model, self.args, self.out = model, args, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.model(*self.args))
+
+
 class _DecodeGraph(NamedTuple):
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | _EmulatedGraph
     inputs: Tensor  # [5, bucket] int64 view: ids, positions, slots, lengths, table rows
     hidden: Tensor  # the graph's output, [bucket, hidden]
 
@@ -86,8 +98,10 @@ class ModelRunner:
         *,
         max_model_len: int = 4096,
         max_num_seqs: int = 256,
-        cuda_graphs: bool = True,
+        cuda_graphs: bool | str = True,
     ) -> None:
+        """`cuda_graphs="emulate"` runs the graph path without CUDA (static buffers, padded
+        buckets, eager replays) so that tests on the CPU cover it."""
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -112,11 +126,18 @@ class ModelRunner:
         self._host_table = np.zeros((0, self._max_blocks), dtype=np.int32)
         self._dev_table = torch.zeros((0, self._max_blocks), dtype=torch.int32, device=device)
         self._grow_table(max(16, max_num_seqs))
+        # Host inputs travel through one pinned arena, reused each step once the previous
+        # step's copies are done (an event, not a device-wide synchronisation).
         self._pinned = device.type == "cuda"
+        if self._pinned:
+            self._arena = torch.empty(4 * 2**20, dtype=torch.uint8).pin_memory()
+            self._arena_np = self._arena.numpy()
+            self._arena_used = 0
+            self._arena_event = torch.cuda.Event()
         self._graphs: dict[int, _DecodeGraph] = {}
         self.graph_pool_bytes = 0
         self.max_graph_batch = 0
-        if cuda_graphs and device.type == "cuda":
+        if (cuda_graphs and device.type == "cuda") or cuda_graphs == "emulate":
             self._capture_decode_graphs(min(max_num_seqs, MAX_GRAPH_BATCH))
 
     # ------------------------------------------------------------------ stepping
@@ -124,6 +145,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Copy-on-write copies, one forward pass over every scheduled token, then sampling."""
+        self._begin_step()
         if out.copies:
             self._copy_blocks(out.copies)
         batch = self._prepare(out)
@@ -228,8 +250,8 @@ class ModelRunner:
         pack[0, :n], pack[1, :n], pack[2, :n] = ids, positions, slot_mapping
         pack[3, :n], pack[4, :n] = seq_lens, slots
         pack[2, n:] = -1  # padding writes no KV; its length 0 reads none
-        host = torch.from_numpy(pack.reshape(-1)).pin_memory()
-        self._static_flat[: 5 * bucket].copy_(host, non_blocking=True)
+        self._static_flat[: 5 * bucket].copy_(self._stage(pack.reshape(-1)), non_blocking=True)
+        self._staged()
         view = self._graphs[bucket].inputs
         torch.index_select(self._dev_table, 0, view[4], out=self._static_tables[:bucket])
         return Batch(view[0], view[1], None, logit_rows, last, bucket)
@@ -243,12 +265,39 @@ class ModelRunner:
         return 0
 
     def _to_device(self, array: np.ndarray) -> Tensor:
-        host = torch.from_numpy(array)
+        """The array on the runner's device (on CUDA: through the pinned staging arena)."""
+        host = self._stage(array)
         if self.device.type == "cpu":
             return host
+        dev = host.to(self.device, non_blocking=True)
+        self._staged()
+        return dev
+
+    def _stage(self, array: np.ndarray) -> Tensor:
+        """A host tensor holding `array`: on CUDA, a slice of the pinned arena (valid until the
+        next step begins), which an asynchronous copy may read; on the CPU, the array itself."""
+        if not self._pinned:
+            return torch.from_numpy(np.ascontiguousarray(array))
+        start = -(-self._arena_used // 8) * 8
+        end = start + array.nbytes
+        if end > len(self._arena):
+            self._arena_event.synchronize()  # no copy still reads the old arena
+            self._arena = torch.empty(2 * end, dtype=torch.uint8).pin_memory()
+            self._arena_np = self._arena.numpy()
+            start, end = 0, array.nbytes
+        self._arena_used = end
+        self._arena_np[start:end].view(array.dtype).reshape(array.shape)[...] = array
+        return self._arena[start:end].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
+
+    def _staged(self) -> None:
         if self._pinned:
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
+            self._arena_event.record()
+
+    def _begin_step(self) -> None:
+        """Reuse the staging arena once every copy of the previous step has been done."""
+        if self._pinned:
+            self._arena_event.synchronize()
+            self._arena_used = 0
 
     # ------------------------------------------------------------------ block tables
 
@@ -319,12 +368,13 @@ class ModelRunner:
         """
         sizes = graph_buckets(max_batch)
         width = sizes[-1]
-        dev = self.device
+        dev, cuda = self.device, self.device.type == "cuda"
         self._static_flat = torch.zeros(5 * width, dtype=torch.int64, device=dev)
         self._static_tables = torch.zeros((width, self._max_blocks), dtype=torch.int32, device=dev)
-        cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
-        before = torch.cuda.memory_reserved(dev)
-        pool = torch.cuda.graph_pool_handle()
+        # Every tensor a graph reads must outlive it: the graph holds addresses, not references.
+        self._static_cu = cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
+        before = torch.cuda.memory_reserved(dev) if cuda else 0
+        pool = torch.cuda.graph_pool_handle() if cuda else None
         for b in reversed(sizes):
             view = self._static_flat[: 5 * b].view(5, b)
             view[2].fill_(-1)
@@ -338,19 +388,24 @@ class ModelRunner:
                 max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
             )
             args = (view[0], view[1], self.kv_caches, meta)
-            self.model(*args)  # compile the kernels of this shape outside the capture
-            torch.cuda.synchronize(dev)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                hidden = self.model(*args)
+            hidden = self.model(*args)  # compiles the kernels of this shape outside a capture
+            if cuda:
+                torch.cuda.synchronize(dev)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    hidden = self.model(*args)
+            else:
+                graph = _EmulatedGraph(self.model, args, hidden)
             self._graphs[b] = _DecodeGraph(graph, view, hidden)
-        torch.cuda.synchronize(dev)
         self._graph_sizes = sizes
         self.max_graph_batch = width
-        self.graph_pool_bytes = torch.cuda.memory_reserved(dev) - before
+        if cuda:
+            torch.cuda.synchronize(dev)
+            self.graph_pool_bytes = torch.cuda.memory_reserved(dev) - before
         logger.info(
-            "captured %d CUDA graphs for decode batches up to %d (%.0f MiB)",
+            "captured %d %sgraphs for decode batches up to %d (%.0f MiB)",
             len(sizes),
+            "CUDA " if cuda else "emulated ",
             width,
             self.graph_pool_bytes / 2**20,
         )

@@ -60,7 +60,8 @@ def paged_attention(
         q: `[num_tokens, num_heads, head_dim]`; `num_heads % num_kv_heads == 0` (GQA).
         k_cache, v_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`.
         block_tables: int32 `[num_seqs, max_blocks_per_seq]`; padding past a sequence is never read.
-        seq_lens: int32 `[num_seqs]`, KV length including this step's tokens.
+        seq_lens: int32 or int64 `[num_seqs]`, KV length including this step's tokens; a
+            one-query row of length 0 (a decode graph's padding) attends to nothing: zeros.
         cu_seqlens_q: int32 `[num_seqs + 1]`, query start offsets into `q`.
         max_seqlen_q, max_seqlen_k: largest query / KV length in the batch (unused here).
         softmax_scale: multiplier of `q @ k^T`, usually `head_dim ** -0.5`.
@@ -72,7 +73,9 @@ def paged_attention(
     out = torch.empty_like(q)
     starts = cu_seqlens_q[:-1].to(torch.int64)
     q_lens = cu_seqlens_q[1:].to(torch.int64) - starts
-    decode = (q_lens == 1).nonzero().flatten()
+    empty = (q_lens == 1) & (seq_lens <= 0)  # padding rows of a decode graph: attend to nothing
+    out[starts[empty]] = 0
+    decode = ((q_lens == 1) & ~empty).nonzero().flatten()
     if decode.numel() > 0:
         rows = starts[decode]
         tables, lens = block_tables[decode], seq_lens[decode]

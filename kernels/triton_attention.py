@@ -138,8 +138,9 @@ def _combine_splits(
     if q_len <= 0:
         return
     # The splits that had work, recomputed exactly as `_attn_fwd` chose them.
-    num_tiles = tl.maximum(tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N), 1)
-    active = tl.cdiv(num_tiles, tl.cdiv(num_tiles, NUM_SPLITS))
+    # (a length-0 row, a decode graph's padding, has none and comes out as zeros)
+    num_tiles = tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N)
+    active = tl.cdiv(num_tiles, tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), 1))
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
     base = (seq.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS * BLOCK_M

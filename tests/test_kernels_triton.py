@@ -150,6 +150,30 @@ def test_interp_decode_splits(block_size: int, heads: tuple[int, int], splits: i
 
 
 @interp
+@pytest.mark.parametrize("splits", [1, 3])
+def test_interp_decode_graph_padding_rows_read_nothing(splits: int) -> None:
+    """A decode graph pads its batch with rows of length 0 (int64 lengths, as the runner packs
+    them): they read no table entry (theirs is garbage) and come out as zeros; real rows are
+    unchanged. The reference op follows the same contract."""
+    b = make_batch(decodes(16), 16, (9, 3), seed=7)
+    pad = 3
+    n = len(b.q_lens)
+    q = torch.cat([b.q, torch.randn(pad, *b.q.shape[1:])])
+    table = torch.cat(
+        [b.table, torch.full((pad, b.table.shape[1]), GARBAGE_BLOCK, dtype=torch.int32)]
+    )
+    lens = torch.cat([b.seq_lens, torch.zeros(pad, dtype=torch.int32)]).to(torch.int64)
+    cu = torch.arange(n + pad + 1, dtype=torch.int64)
+    args = (q, b.k_cache, b.v_cache, table, lens, cu)
+    out = ta.paged_attention(*args, 1, 300, q.shape[-1] ** -0.5, num_splits=splits)
+    assert torch.equal(out[n:], torch.zeros_like(out[n:]))
+    want = naive_attention(b.q, b.ks, b.vs, b.q_lens)
+    torch.testing.assert_close(out[:n].double(), want, atol=2e-5, rtol=2e-5)
+    ref = reference.paged_attention(*args, 1, 300, q.shape[-1] ** -0.5)
+    assert torch.equal(ref[n:], torch.zeros_like(ref[n:]))
+
+
+@interp
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_interp_decode_fp16_auto_splits(block_size: int) -> None:
     batch = make_batch(decodes(block_size), block_size, (14, 2), dtype=torch.float16)

@@ -184,3 +184,33 @@ def test_reconfigure_rebuilds_the_pool_and_keeps_the_weights(llama_folder):
     assert llm.stats["scheduler"]["num_preemptions"] > 0  # 12 blocks of 8 force preemption
     with pytest.raises(TypeError, match="unknown engine settings"):
         llm.reconfigure(blocksize=8)
+
+
+def test_graph_path_matches_eager_steps(llama_folder):
+    """The decode-graph path (static buffers, batches padded to a bucket with inert rows),
+    emulated on the CPU, gives the eager path's tokens through shrinking batches, preemption
+    and a seeded sampled request."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 90) for _ in range(rng.randint(2, 40))] for _ in range(21)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True)
+        for _ in prompts
+    ]
+    params[5] = SamplingParams(temperature=0.9, max_tokens=20, seed=11, ignore_eos=True)
+    runs = {}
+    for graphs in ("emulate", False):
+        llm = LLM(
+            llama_folder,
+            device="cpu",
+            dtype="float32",
+            num_blocks=24,
+            block_size=8,
+            max_num_seqs=12,
+            cuda_graphs=graphs,
+        )
+        assert llm.runner.max_graph_batch == (12 if graphs else 0)
+        runs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert llm.stats["scheduler"]["num_preemptions"] > 0
+        assert llm.scheduler.kv.num_free_blocks == llm.scheduler.kv.num_blocks
+    assert runs["emulate"] == runs[False]
+    assert [len(t) for t in runs[False]] == [p.max_tokens for p in params]

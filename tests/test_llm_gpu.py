@@ -92,3 +92,45 @@ def test_bundled_model_greedy_on_gpu_matches_the_cpu_path():
     got = [o.outputs[0].token_ids for o in gpu.chat(chats, params)]
     want = [o.outputs[0].token_ids for o in cpu.chat(chats, params)]
     assert got == want
+
+
+@torch.no_grad()
+def test_cuda_graph_decode_matches_eager_steps(tmp_path):
+    """Decode steps replayed from CUDA graphs (padded to their bucket) give the eager tokens,
+    through shrinking batches, preemption and a seeded sampled request."""
+    save_tiny_model("qwen2", tmp_path)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 70))] for _ in range(37)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 40), ignore_eos=True)
+        for _ in prompts
+    ]
+    params[5] = SamplingParams(temperature=0.9, max_tokens=30, seed=11, ignore_eos=True)
+    runs = {}
+    for graphs in (True, False):
+        llm = LLM(
+            str(tmp_path),
+            device="cuda",
+            dtype="float32",
+            num_blocks=40,  # 640 tokens for ~37 x 75: forces preemption
+            block_size=16,
+            max_num_seqs=24,
+            cuda_graphs=graphs,
+        )
+        assert (llm.runner.max_graph_batch > 0) == graphs
+        runs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert llm.stats["scheduler"]["num_preemptions"] > 0
+        assert llm.scheduler.kv.num_free_blocks == llm.scheduler.kv.num_blocks
+    assert runs[True] == runs[False]
+    assert [len(t) for t in runs[True]] == [p.max_tokens for p in params]
+
+
+def test_memory_figures_are_reported():
+    llm = LLM("qwen2.5-0.5b-instruct", device="cuda", gpu_memory_utilization=0.3)
+    m = llm.memory
+    assert m["weights_bytes"] > 0.9e9  # ~0.5B parameters in bf16
+    assert m["non_kv_bytes"] >= m["weights_bytes"]
+    assert m["kv_cache_bytes"] == m["num_blocks"] * llm.layout.bytes_per_block(m["block_size"])
+    assert m["non_kv_bytes"] + m["kv_cache_bytes"] <= 0.3 * m["total_bytes"]
+    assert llm.scheduler.config.max_num_seqs == 1024  # a >= 70 GiB card
+    assert llm.scheduler.config.max_num_batched_tokens == 16384

@@ -1,0 +1,126 @@
+"""One decode step of the whole engine against its memory-bandwidth floor.
+
+`python -m pagedctl.bench_step --out DIR` (CUDA): a batch of `--batch` sequences with `--context`
+tokens each is prefilled, then `--steps` engine steps are timed end to end (schedule, input
+preparation, the graph replay, sampling, reading the tokens, update). The floor of a decode step is
+reading the weights once and every live KV byte once at the card's measured copy bandwidth; the
+report gives the step time as a multiple of it, and the GPU-only time of the step's CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from engine import SamplingParams
+from engine.llm import LLM
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a 2 GiB device-to-device copy (read + write counted), median of 20."""
+    src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * 2**31 / sorted(times)[len(times) // 2]
+
+
+def run(model: str, batch: int, context: int, steps: int, temperature: float) -> dict:
+    device = torch.device("cuda")
+    bandwidth = copy_bandwidth(device)
+    llm = LLM(model, load_format="dummy", device="cuda", max_num_seqs=batch, seed=0)
+    rng = random.Random(0)
+    params = SamplingParams(
+        temperature=temperature, max_tokens=steps + 64, ignore_eos=True, seed=None
+    )
+    for i in range(batch):
+        prompt = [rng.randrange(10000) for _ in range(context)]
+        llm.tracker.add(i, prompt, params, llm.scheduler)
+    sched = llm.scheduler
+    while sched.waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in sched.running):
+        llm.step()  # prefill (chunked under the token budget) until every row decodes
+    for _ in range(8):
+        llm.step()  # warm: every sequence decoding, graphs replayed
+    assert len(sched.running) == batch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        llm.step()
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - t0) / steps
+    bucket = llm.runner._bucket(batch)
+    graph_s = None
+    if bucket:
+        graph = llm.runner._graphs[bucket].graph
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        graph_s = start.elapsed_time(end) * 1e-3 / 20
+    mean_len = context + 8 + steps / 2
+    kv_bytes = batch * mean_len * llm.layout.bytes_per_token
+    weights = llm.memory["weights_bytes"]
+    floor_s = (weights + kv_bytes) / bandwidth
+    llm.abort_all()
+    return {
+        "model": model,
+        "batch": batch,
+        "context": context,
+        "steps": steps,
+        "temperature": temperature,
+        "copy_bandwidth_GBps": bandwidth / 1e9,
+        "weights_bytes": weights,
+        "live_kv_bytes": kv_bytes,
+        "floor_ms": floor_s * 1e3,
+        "step_ms": step_s * 1e3,
+        "graph_ms": None if graph_s is None else graph_s * 1e3,
+        "step_over_floor": step_s / floor_s,
+        "graph_over_floor": None if graph_s is None else graph_s / floor_s,
+        "decode_tok_s": batch / step_s,
+        "cuda_graph_bucket": bucket,
+        "memory": llm.memory,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="qwen2.5-0.5b-instruct")
+    p.add_argument("--batch", type=int, nargs="+", default=[256])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    from pagedctl.envinfo import environment
+
+    rows = [run(a.model, b, a.context, a.steps, a.temperature) for b in a.batch]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "decode_step.json").write_text(
+        json.dumps({"environment": environment(), "rows": rows}, indent=1, default=str)
+    )
+    for r in rows:
+        graph = "eager" if r["graph_ms"] is None else f"{r['graph_ms']:.3f} ms"
+        print(
+            f"batch {r['batch']} x {r['context']}: step {r['step_ms']:.3f} ms "
+            f"({r['step_over_floor']:.2f}x the floor {r['floor_ms']:.3f} ms), graph alone {graph}, "
+            f"{r['decode_tok_s']:,.0f} tok/s"
+        )
+
+
+if __name__ == "__main__":
+    main()
