@@ -80,3 +80,59 @@ class KVLayout:
 def max_concurrency(num_blocks: int, block_size: int, max_model_len: int) -> float:
     """Sequences of `max_model_len` tokens the pool holds at once (vLLM's start-up figure)."""
     return num_blocks / -(-max_model_len // block_size)
+
+
+def layout_from_config_dict(config: dict, dtype_bytes: int = 2) -> KVLayout:
+    """The KV layout of a raw `config.json` mapping, for planning (nothing is built or checked
+    against what the engine runs).
+
+    Counts Llama, Qwen2/3 and Mistral-style decoders: GQA through `num_key_value_heads` (all heads
+    when absent), an explicit `head_dim` when it is set (it need not be hidden / heads), and a
+    nested `text_config`. Sliding windows are counted as full attention, as this engine caches
+    every token.
+
+    Raises:
+        ValueError: a field is missing or not a positive integer, or the model compresses its KV
+            (multi-head latent attention), which this formula does not describe.
+    """
+    cfg = config.get("text_config") or config
+    if cfg.get("kv_lora_rank"):
+        raise ValueError(
+            "multi-head latent attention (kv_lora_rank) is not counted: K and V are not stored "
+            "per KV head"
+        )
+    heads = _positive(cfg, "num_attention_heads")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or _positive(cfg, "hidden_size") // heads
+    layers = _positive(cfg, "num_hidden_layers")
+    for name, value in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
+    return KVLayout(layers, kv_heads, head_dim, dtype_bytes)
+
+
+def _positive(cfg: dict, name: str) -> int:
+    value = cfg.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def kv_budget_bytes(total_bytes: int, utilization: float, non_kv_bytes: int) -> int:
+    """The KV budget the engine takes on a card: total x utilization, less what is not cache
+    (weights and the profiled activation peak). May be zero or negative: nothing fits."""
+    return int(total_bytes * utilization) - non_kv_bytes
+
+
+def sequences_in_pool(
+    num_blocks: int, block_size: int, seq_len: int, shared_prefix_tokens: int = 0
+) -> int:
+    """Sequences of `seq_len` tokens a pool of `num_blocks` holds at once.
+
+    With a shared prefix, its full blocks are held once for everyone and each sequence holds the
+    rest of its own blocks (a prefix hit never covers a whole sequence: at least its last token
+    is its own).
+    """
+    shared = min(shared_prefix_tokens // block_size, (seq_len - 1) // block_size)
+    own = -(-seq_len // block_size) - shared
+    return max(num_blocks - shared, 0) // own

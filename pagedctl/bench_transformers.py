@@ -18,6 +18,7 @@ import torch
 
 from engine import SamplingParams
 from engine.llm import LLM
+from pagedctl.bench_peers import left_pad
 
 
 def load_chat_requests(path: Path) -> list[dict]:
@@ -40,8 +41,7 @@ def _transformers_runner(model, prompts, max_tokens, eos: set[int], batch_size: 
     @torch.inference_mode()
     def run_batch(batch, limits):
         width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+        ids, mask = left_pad(batch, width, device, pad)
         out = model.generate(
             ids, attention_mask=mask, max_new_tokens=max(limits), do_sample=False, pad_token_id=pad
         )

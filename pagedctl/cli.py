@@ -10,8 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pagedctl import __version__
+from pagedctl.capacity.cmd import bench_capacity_sim, capacity
 from pagedctl.generate_cmd import generate
 from pagedctl.models_cmd import models_app
+from pagedctl.sweep_cmd import sweep
 
 app = typer.Typer(
     name="pagedctl",
@@ -27,6 +29,9 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(models_app, name="models")
 console = Console()
 app.command("generate")(generate)
+app.command("capacity")(capacity)
+app.command("sweep")(sweep)
+bench_app.command("capacity-sim")(bench_capacity_sim)
 
 
 def _int_list(text: str) -> list[int]:
@@ -43,6 +48,72 @@ def _int_list(text: str) -> list[int]:
 def version() -> None:
     """Print the pagedctl version."""
     typer.echo(f"pagedctl {__version__}")
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_recipe(
+    ctx: typer.Context,
+    recipe: Path | None = typer.Option(
+        None, help="Benchmark recipe (YAML), e.g. recipes/nano-bench.yaml; see recipes/."
+    ),
+    peer: str | None = typer.Option(
+        None,
+        help="Peers, comma-separated: hf-generate, hf-static, hf-continuous, or none "
+        "(default: the recipe's peers).",
+    ),
+    temperature: float | None = typer.Option(
+        None, min=0.0, help="Override the recipe's temperature (0: the greedy variant)."
+    ),
+    num_requests: int | None = typer.Option(
+        None, min=1, help="Override the recipe's number of requests (a quick check)."
+    ),
+    output_json: Path | None = typer.Option(None, help="Write the JSON result here."),
+    out: Path = typer.Option(
+        Path("results"), help="Folder for <recipe name>.md (and .json unless --output-json)."
+    ),
+) -> None:
+    """pagedctl and its transformers peers on one workload, in this process: one table.
+
+    Wall time, requests/s, output and total tok/s, peak memory, preemptions and pagedctl's output
+    tok/s divided by each side's. EOS is ignored everywhere; every side's output is counted and
+    checked against the tokens asked for. Exit status 1 when a side fails or miscounts.
+    """
+    if ctx.invoked_subcommand is not None:
+        if recipe is not None:
+            raise typer.BadParameter("--recipe runs the recipe benchmark; give no subcommand")
+        return
+    if recipe is None:
+        console.print(ctx.get_help())
+        raise typer.Exit(0)
+    import dataclasses
+    import shlex
+    import sys
+
+    from pagedctl import bench_recipe as br
+    from pagedctl import bench_report
+    from pagedctl.envinfo import environment
+    from pagedctl.recipes import RecipeError
+
+    try:
+        spec = br.load_bench_recipe(recipe)
+        peers = br.parse_peers(peer) if peer is not None else list(spec.peers)
+        bench_report.check_runnable(spec)
+    except (RecipeError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    overrides = {"temperature": temperature, "num_requests": num_requests}
+    spec.workload = dataclasses.replace(
+        spec.workload, **{k: v for k, v in overrides.items() if v is not None}
+    )
+    doc = bench_report.run_bench(spec, peers, lambda line: console.print(line, style="dim"))
+    doc = {"command": "pagedctl " + shlex.join(sys.argv[1:]), **doc}
+    doc["environment"] = {**environment(), **bench_report.device_info(spec)}
+    console.print(bench_report.rich_table(doc), width=max(console.width, 110))
+    for line in bench_report.config_lines(doc):
+        console.print(line, highlight=False)
+    for path in bench_report.write_outputs(doc, out, output_json, spec.name):
+        console.print(f"wrote {path}")
+    if any(r["status"] in ("error", "mismatch") for r in doc["sides"]):
+        raise typer.Exit(1)
 
 
 @bench_app.command("scheduler")

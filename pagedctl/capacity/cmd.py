@@ -1,0 +1,173 @@
+"""`pagedctl capacity`: flags and recipe in, sections 1-6 on the terminal and under `--out`."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from pagedctl.capacity import sim
+from pagedctl.capacity.inputs import fail
+from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
+from pagedctl.capacity.run import CapacityRun
+
+DEFAULTS: dict[str, Any] = {
+    "gpu_mem": [0.9],
+    "dtype": "auto",
+    "block_size": [16],
+    "loads": [0.25, 0.5, 0.75, 1.0, 1.25],
+    "requests": 100_000,
+    "seed": 0,
+    "shared_prefix": 0,
+    "cuda_context": "256MiB",
+}
+
+
+def capacity(
+    recipe: Path | None = typer.Option(None, "--recipe", help="Capacity recipe (YAML)."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model folder, config .json, preset or cached HF id."
+    ),
+    device_memory: str | None = typer.Option(
+        None, "--device-memory", help="Card memory, e.g. 14.6GiB (default: the GPU present)."
+    ),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="Card preset: t4, l4, a10g, a100-40g, a100-80g, h100, h200."
+    ),
+    gpu_mem: str | None = typer.Option(
+        None, "--gpu-mem", help="Fraction(s) of total device memory the engine may use [0.9]."
+    ),
+    non_kv_memory: str | None = typer.Option(
+        None,
+        "--non-kv-memory",
+        help="Memory that is not KV cache (default: weights + activation estimate).",
+    ),
+    num_blocks: int | None = typer.Option(
+        None, "--num-blocks", min=1, help="KV blocks in the pool (overrides the budget)."
+    ),
+    dtype: str | None = typer.Option(
+        None, help="auto, float16, bfloat16 or float32 (default: auto)."
+    ),
+    block_size: str | None = typer.Option(
+        None, "--block-size", help="KV block size(s) in tokens, e.g. 16,32,64 [16]."
+    ),
+    max_len: int | None = typer.Option(
+        None, "--max-len", min=1, help="Longest sequence, prompt + output (default: the model's)."
+    ),
+    lengths: Path | None = typer.Option(
+        None, "--lengths", help="JSONL job whose requests give the lengths."
+    ),
+    outputs: Path | None = typer.Option(
+        None, "--outputs", help="Output file of a `generate` run of --lengths: real lengths."
+    ),
+    dist: str | None = typer.Option(
+        None, "--dist", help="Length distribution, e.g. lognormal:mean=260,median=180."
+    ),
+    shared_prefix: int | None = typer.Option(
+        None, "--shared-prefix", min=0, help="Tokens every sequence shares (paged only) [0]."
+    ),
+    loads: str | None = typer.Option(
+        None, help="Simulated loads: offered token-time / pool [0.25,0.5,0.75,1,1.25]."
+    ),
+    requests: int | None = typer.Option(
+        None, "--requests", min=100, help="Simulated requests per load [100000]."
+    ),
+    seed: int | None = typer.Option(None, help="Seed of the simulated stream [0]."),
+    cuda_context: str | None = typer.Option(
+        None, "--cuda-context", help="CUDA context, for whole-card reservations [256MiB]."
+    ),
+    no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulation."),
+    probe: bool = typer.Option(False, "--probe", help="Measure on this machine's GPU."),
+    plot: bool = typer.Option(False, "--plot", help="Also write PNG charts (matplotlib)."),
+    out: Path = typer.Option(Path("results"), "--out", help="Folder for CSV, Markdown, JSON."),
+    name: str | None = typer.Option(
+        None, "--name", help="Output files capacity-NAME* (default: model and card)."
+    ),
+) -> None:
+    """How many sequences fit: paged pool vs contiguous reservations, for a model, a card and
+    real lengths. No GPU needed (except for --probe); weights are never loaded.
+
+    1. the pool: bytes per token, blocks, vLLM's concurrency line;
+    2. sequences that fit at 128, 256, ... --max-len tokens, paged vs contiguous;
+    3. block-size waste over the lengths (--lengths or --dist);
+    4. one arrival stream against max-length reservations, exact-length first-fit
+       reservations and the engine's BlockPool, at several loads;
+    5. --probe: the same figures measured on this machine's GPU;
+    6. --plot: PNG charts.
+    """
+    switches = {"recipe": recipe, "no_sim": no_sim, "probe": probe, "plot": plot}
+    flags = {k: v for k, v in locals().items() if k not in (*switches, "switches")}
+    command = _command_line({**switches, **flags})
+    if plot:
+        _require_matplotlib()
+    if probe:
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("--probe needs a CUDA device; this machine has none", code=1)
+    try:
+        doc = load_capacity_recipe(recipe) if recipe else {}
+    except CapacityRecipeError as e:
+        fail(str(e))
+    s = {**DEFAULTS, **doc, **{k: v for k, v in flags.items() if v is not None}}
+    run = CapacityRun(s, command)
+    run.compute(simulate=not no_sim, probe=probe)
+    run.emit(plot)
+
+
+def _command_line(given: dict[str, Any]) -> str:
+    """The command as the user typed it, rebuilt from the options that were given."""
+    words = ["pagedctl", "capacity"]
+    for key, value in given.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif (
+            value is not None
+            and value is not False
+            and not (key == "out" and value == Path("results"))
+        ):
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        fail("--plot needs matplotlib: pip install 'pagedctl[plot]' (or pip install matplotlib)")
+
+
+def bench_capacity_sim(
+    requests: int = typer.Option(1_000_000, min=1000, help="Simulated requests."),
+    load: float = typer.Option(1.0, min=0.01, help="Load (offered token-time / pool)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write results as JSON."),
+) -> None:
+    """Wall time of the capacity simulation: the seed's stream through all three allocators.
+
+    Target: 1,000,000 requests in under a minute on one CPU core (pin it: taskset -c 0 ...).
+    """
+    import json
+    import os
+
+    from pagedctl.envinfo import environment
+
+    r = sim.bench(requests, load)
+    Console().print(
+        f"{r['requests']:,} requests at load {load:g}: {r['total_s']:.1f} s "
+        f"({r['us_per_request']:.1f} µs per request; "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in r["per_allocator_s"].items())
+        + f"; target < {r['target_s']:.0f} s) on {r['cpus_allowed']} allowed CPU(s)",
+        highlight=False,
+    )
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        cmd = f"pagedctl bench capacity-sim --requests {requests} --load {load:g}"
+        if r["cpus_allowed"] == 1 and hasattr(os, "sched_getaffinity"):
+            cmd = f"taskset -c {min(os.sched_getaffinity(0))} {cmd}"  # how it was pinned
+        doc = {"benchmark": "capacity simulation", "command": cmd, "environment": environment()}
+        output.write_text(json.dumps({**doc, **r}, indent=2) + "\n")
+        Console().print(f"wrote {output}", highlight=False)

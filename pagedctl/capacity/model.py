@@ -1,0 +1,204 @@
+"""What a model costs before it is loaded: KV bytes per token, weight bytes, an activation peak.
+
+Nothing is built and no weight is read: the config comes from `config.json` (a folder, a bare
+file, a preset in `recipes/models/` or the offline Hugging Face cache) and the parameter count
+from the safetensors headers when there are weights, else from the config's shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from engine.kv_sizing import KVLayout, layout_from_config_dict
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+KNOWN_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_MAX_HEADER = 100 * 2**20  # a safetensors header larger than this is not a header
+
+
+class ModelSpecError(ValueError):
+    """The model cannot be found or counted; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """The shape facts capacity planning needs, read from a config (and safetensors headers).
+
+    Attributes:
+        name: what the user named.
+        config: the raw `config.json` mapping (its `text_config` for nested configs).
+        num_params: parameters the engine holds (a tied `lm_head` counted once).
+        params_source: "safetensors headers" or "config".
+        tokenizer_dir: a folder with tokenizer files, or None.
+        notes: caveats about the count, printed under the tables.
+    """
+
+    name: str
+    config: dict
+    num_params: int
+    params_source: str
+    tokenizer_dir: Path | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def layout(self, dtype_bytes: int) -> KVLayout:
+        return layout_from_config_dict(self.config, dtype_bytes)
+
+    def weights_bytes(self, dtype_bytes: int) -> int:
+        """Weights as the engine holds them: every parameter in the run's dtype."""
+        return self.num_params * dtype_bytes
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.config.get("max_position_embeddings") or 4096)
+
+
+def dtype_bytes(dtype: str, config: dict) -> tuple[str, int]:
+    """(dtype name, bytes per element) of the KV cache and weights on a GPU.
+
+    "auto" is the config's 16-bit dtype, and float16 for a float32 config: what the engine
+    picks on CUDA (bfloat16 from compute capability 8.0, float16 before; both are 2 bytes).
+    """
+    name = _DTYPE_ALIASES.get(dtype, dtype)
+    if name == "auto":
+        declared = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+        name = declared if declared in ("float16", "bfloat16") else "float16"
+    if name not in DTYPE_BYTES:
+        raise ModelSpecError(f"unknown dtype {dtype!r}; use auto, float16, bfloat16 or float32")
+    return name, DTYPE_BYTES[name]
+
+
+def resolve_footprint(model: str) -> ModelFootprint:
+    """Find `model` (folder, config file, preset or cached Hugging Face id) and count it."""
+    from engine import weights
+
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return _from_folder(model, path)
+    if path.is_file():
+        if path.suffix != ".json":
+            raise ModelSpecError(f"{path} is not a folder or a config.json file")
+        return _from_config(model, _read_config(path), None)
+    presets = weights.list_presets()
+    if model in presets:
+        return _from_config(model, _read_config(presets[model]), None)
+    try:
+        source = weights.resolve_model(model)
+    except ValueError:
+        source = None
+    if source is not None and source.weights_dir is not None:
+        return _from_folder(model, source.weights_dir)
+    raise ModelSpecError(
+        f"model {model!r} not found: give a folder with config.json, a config .json file, a "
+        f"cached Hugging Face id or a preset ({', '.join(sorted(presets))})"
+    )
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelSpecError(f"cannot read {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelSpecError(f"{path} is not a config object")
+    return raw
+
+
+def _from_folder(name: str, folder: Path) -> ModelFootprint:
+    raw = _read_config(folder / "config.json") if (folder / "config.json").is_file() else None
+    if raw is None:
+        raise ModelSpecError(f"{folder} has no config.json")
+    tok = folder if any((folder / f).is_file() for f in _TOKENIZER_FILES) else None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return _from_config(name, raw, tok)
+    cfg = raw.get("text_config") or raw
+    tied = bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)))
+    shapes = safetensors_shapes(files)
+    count = sum(math.prod(s) for n, s in shapes.items() if not (tied and n == "lm_head.weight"))
+    return ModelFootprint(name, cfg, count, "safetensors headers", tok, _notes(cfg))
+
+
+def _from_config(name: str, raw: dict, tokenizer_dir: Path | None) -> ModelFootprint:
+    cfg = raw.get("text_config") or raw
+    try:
+        layout_from_config_dict(cfg)
+        count = params_from_config(cfg)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModelSpecError(f"{name}: cannot count this config: {e}") from None
+    return ModelFootprint(name, cfg, count, "config", tokenizer_dir, _notes(cfg))
+
+
+def _notes(cfg: dict) -> tuple[str, ...]:
+    notes = []
+    kind = cfg.get("model_type")
+    if kind not in KNOWN_TYPES:
+        notes.append(
+            f"model_type {kind!r}: weights counted as a Llama-style decoder; give "
+            "--non-kv-memory for an exact budget"
+        )
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        notes.append("mixture of experts: the weight count from the config is not exact")
+    window = cfg.get("sliding_window")
+    if window and cfg.get("use_sliding_window", kind == "mistral"):
+        notes.append(f"sliding window {window} counted as full attention (the engine caches all)")
+    return tuple(notes)
+
+
+def params_from_config(cfg: dict) -> int:
+    """Parameters of a Llama / Mistral / Qwen2 / Qwen3 decoder with this config."""
+    from engine.weights import expected_weight_shapes
+
+    heads = cfg["num_attention_heads"]
+    ns = SimpleNamespace(
+        **{
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            **cfg,
+            "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        }
+    )
+    return sum(math.prod(s) for s in expected_weight_shapes(ns).values())
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the JSON headers of safetensors files; no tensor data is read."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with open(file, "rb") as f:
+            head = f.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < size <= _MAX_HEADER:
+                raise ModelSpecError(f"{file} is not a safetensors file")
+            try:
+                header = json.loads(f.read(size))
+            except ValueError:
+                raise ModelSpecError(f"{file} has an unreadable safetensors header") from None
+        for key, meta in header.items():
+            if key != "__metadata__":
+                shapes[key] = tuple(meta["shape"])
+    return shapes
+
+
+def activation_peak_bytes(config: dict, dtype_bytes: int, num_tokens: int, logit_rows: int) -> int:
+    """Estimated activation peak of the engine's profile step (one prefill of `num_tokens`).
+
+    The larger of the two phases, per token of the step: a decoder layer's MLP (residual and
+    normed input, float32 norm temporaries, the fused gate/up output, its activation and the
+    product: 2h + 4i elements plus 2h float32), and the logits of `logit_rows` rows (the model's
+    dtype, then float32) beside the last hidden states. Kernel workspaces are not counted.
+    """
+    h, i = config["hidden_size"], config["intermediate_size"]
+    vocab = config["vocab_size"]
+    layer = num_tokens * ((2 * h + 4 * i) * dtype_bytes + 2 * h * 4)
+    rows = min(logit_rows, num_tokens)
+    logits = num_tokens * h * dtype_bytes + rows * vocab * (dtype_bytes + 4)
+    return max(layer, logits)

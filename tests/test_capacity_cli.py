@@ -1,0 +1,227 @@
+"""`pagedctl capacity` end to end: the real CLI in a subprocess, its files, its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pagedctl.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_RECIPE = REPO / "recipes" / "seed-capacity.yaml"
+
+
+def capacity(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    cmd = [sys.executable, "-m", "pagedctl", "capacity", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def invoke(*args: str | Path) -> tuple[int, str]:
+    """The same command in this process (quicker than a subprocess): exit code, stdout + stderr."""
+    r = CliRunner().invoke(app, ["capacity", *map(str, args)])
+    return r.exit_code, r.output + (r.stderr if r.stderr_bytes else "")
+
+
+def result(out: Path, name: str) -> dict:
+    return json.loads((out / f"capacity-{name}.json").read_text())
+
+
+def test_seed_recipe_reproduces_the_seed(tmp_path: Path) -> None:
+    p = capacity("--recipe", SEED_RECIPE, "--requests", "40000", "--out", tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = result(tmp_path, "seed")
+    compare = doc["sections"]["compare"]
+    assert len(compare) >= 25
+    bad = [(r["label"], r["seed"], r["ours"]) for r in compare if r["ok"] != "yes"]
+    assert not bad, bad
+    for suffix in ("pool", "lengths", "blocks", "sim", "compare"):
+        assert (tmp_path / f"capacity-seed-{suffix}.csv").read_text().count("\n") > 1
+    md = (tmp_path / "capacity-seed.md").read_text()
+    assert "## Reference figures beside ours" in md and "Interpretation:" in md
+    assert doc["environment"]["pagedctl"] and doc["command"].startswith("pagedctl capacity")
+    assert "Reference figures beside ours" in p.stdout
+
+
+def test_seed_block_count_gives_the_seeds_counts_exactly(tmp_path: Path) -> None:
+    args = ["--recipe", SEED_RECIPE, "--num-blocks", "58064", "--no-sim", "--name", "exact"]
+    code, out = invoke(*args, "--out", tmp_path)
+    assert code == 0, out
+    doc = result(tmp_path, "exact")
+    paged = {r["seq_len"]: r["paged"] for r in doc["sections"]["lengths"]}
+    assert [paged[n] for n in (2048, 512, 256, 128)] == [453, 1814, 3629, 7258]
+    assert doc["figures"]["kv_tokens"] == 929_024
+    assert "Maximum concurrency for 2,048 tokens per request: 453.62x" in out
+
+
+def _tokenizer_model(folder: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder.mkdir()
+    (folder / "config.json").write_text((REPO / "recipes/models/tiny-llama.json").read_text())
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "hello", "paged", "world"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+JOB = [
+    {"custom_id": "a", "prompt": "hello world paged", "max_tokens": 10},
+    {"custom_id": "b", "prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 20},
+    {
+        "custom_id": "c",
+        "messages": [{"role": "user", "content": "hello hello"}],
+        "max_tokens": 5,
+        "n": 2,
+    },
+    "this line is not JSON",
+]
+
+
+def test_lengths_from_a_job_tokenized_and_from_its_outputs(tmp_path: Path) -> None:
+    model = _tokenizer_model(tmp_path / "m")
+    job = _jsonl(tmp_path / "in.jsonl", JOB)
+    common = ["--model", model, "--num-blocks", "64", "--max-len", "64", "--out", tmp_path]
+    p = capacity(*common, "--lengths", job, "--requests", "2000", "--loads", "0.5", "--name", "j")
+    assert p.returncode == 0, p.stderr
+    doc = result(tmp_path, "j")
+    # prompts 3, 5 and 2 (x2 samples) tokens; outputs 10, 20, 5, 5: lengths 13, 25, 7, 7
+    assert doc["sections"]["blocks"][0]["mean_len"] == pytest.approx(52 / 4)
+    assert "1 invalid lines of in.jsonl left out" in p.stdout
+    assert {r["allocator"] for r in doc["sections"]["sim"]} == {"reservation", "exact", "paged"}
+    outputs = _jsonl(
+        tmp_path / "in.out.jsonl",
+        [
+            {
+                "custom_id": "a",
+                "error": None,
+                "response": {
+                    "body": {"choices": [{}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+                },
+            },
+            {"custom_id": "c", "response": None, "error": {"code": "x", "message": "y"}},
+        ],
+    )
+    code, out = invoke(*common, "--lengths", job, "--outputs", outputs, "--no-sim", "--name", "o")
+    assert code == 0, out
+    # a really produced 4 tokens (3 + 4 = 7); c failed, so its max_tokens stand: 7, 25, 7, 7
+    assert result(tmp_path, "o")["sections"]["blocks"][0]["mean_len"] == pytest.approx(46 / 4)
+    assert "1 of 3 requests took their lengths from in.out.jsonl" in out
+
+
+def test_without_a_tokenizer_prompts_are_estimated(tmp_path: Path) -> None:
+    job = _jsonl(tmp_path / "in.jsonl", JOB[:1])
+    code, out = invoke(
+        "--model",
+        "tiny-llama",
+        "--num-blocks",
+        "64",
+        "--max-len",
+        "64",
+        "--lengths",
+        job,
+        "--no-sim",
+        "--out",
+        tmp_path,
+        "--name",
+        "e",
+    )
+    assert code == 0, out
+    assert "estimated at 4 UTF-8 bytes per token" in out
+    # "hello world paged" is 17 bytes: ceil(17 / 4) = 5 prompt tokens + 10 output
+    assert result(tmp_path, "e")["sections"]["blocks"][0]["mean_len"] == 15
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model"], "not found"),
+        (["--model", "tiny-llama", "--gpu", "v100"], "presets: t4"),
+        (
+            ["--model", "tiny-llama", "--gpu", "t4", "--dist", "lognormal:mean=1,median=5"],
+            "mean exceeds its median",
+        ),
+        (["--model", "tiny-llama", "--gpu", "t4", "--outputs", "x.jsonl"], "needs --lengths"),
+        (["--model", "tiny-llama", "--gpu", "t4", "--lengths", "missing.jsonl"], "cannot read"),
+        (["--model", "tiny-llama", "--gpu", "t4", "--gpu-mem", "1.5"], "(0, 1]"),
+        (["--model", "qwen3-0.6b", "--device-memory", "1GiB"], "no KV block fits"),
+        (["--gpu", "t4"], "name a model"),
+    ],
+)
+def test_bad_input_is_one_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
+    code, out = invoke(*args, "--out", tmp_path)
+    assert code == 2
+    assert message in out
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
+    p = capacity("--model", "no-such-model", "--gpu", "t4", "--out", tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("error: model 'no-such-model' not found")
+    assert "Traceback" not in p.stderr and not list(tmp_path.iterdir())
+
+
+def test_recipe_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: tiny-llama\ngpu: t4\nblock_sizes: [16]\n")
+    code, out = invoke("--recipe", recipe, "--out", tmp_path)
+    assert code == 2 and "unknown keys ['block_sizes']" in out
+
+
+def test_plot_writes_charts(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    code, out = invoke(
+        "--model",
+        "qwen2.5-0.5b-instruct",
+        "--gpu",
+        "t4",
+        "--max-len",
+        "2048",
+        "--dist",
+        "lognormal:mean=260,median=180",
+        "--requests",
+        "2000",
+        "--loads",
+        "0.5,1",
+        "--plot",
+        "--out",
+        tmp_path,
+        "--name",
+        "p",
+    )
+    assert code == 0, out
+    for chart in ("capacity", "refusals"):
+        assert (tmp_path / f"capacity-p-{chart}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; sys.argv = ['pagedctl', 'capacity', "
+        f"'--model', 'tiny-llama', '--gpu', 't4', '--plot', '--out', {str(tmp_path)!r}]; "
+        "from pagedctl.cli import main; main()"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "pip install 'pagedctl[plot]'" in p.stderr
+
+
+def test_bench_command_writes_its_figure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "capacity-sim", "--requests", "5000", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["requests"] == 5000 and doc["environment"]["python"]
+    assert doc["total_s"] > 0 and len(doc["results"]) == 3
