@@ -139,6 +139,7 @@ class LLM:
             raise RuntimeError("reconfigure() with requests in flight; finish or abort them first")
         s = {**_ENGINE_DEFAULTS, **self.settings, **settings}
         self._release_engine()
+        self._graphs_on = bool(s["cuda_graphs"])
         big_card = self.device.type == "cuda" and _device_total(self.device) >= 70 * 2**30
         max_num_seqs = s["max_num_seqs"] or (1024 if big_card else 256)
         batched = s["max_num_batched_tokens"] or (
@@ -167,6 +168,7 @@ class LLM:
             self.seed,
             max_model_len=self.max_model_len,
             max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=batched,
             cuda_graphs=s["cuda_graphs"],
         )
         self.settings = s
@@ -233,31 +235,36 @@ class LLM:
             self.model, self.device, self.dtype, batched_tokens, num_logit_rows=max_num_seqs
         )
         weights = self.memory["weights_bytes"]
-        budget = int(total * utilization) - peak
+        activations = max(peak - weights, 0)
+        # The step graphs keep a private pool about as large as the largest step's activations.
+        graphs = activations if self._graphs_on else 0
+        budget = int(total * utilization) - peak - graphs
         free, _ = torch.cuda.mem_get_info(self.device)
         usable = free + torch.cuda.memory_reserved(self.device)
         usable -= torch.cuda.memory_allocated(self.device)
         self.memory.update(
             utilization=utilization,
-            activation_peak_bytes=max(peak - weights, 0),
-            non_kv_bytes=peak,
+            activation_peak_bytes=activations,
+            cuda_graph_reserve_bytes=graphs,
+            non_kv_bytes=peak + graphs,
         )
         logger.info(
             "CUDA memory: %s total x %.2f = %s; weights %s, activation peak %s "
-            "(%d tokens, %d logit rows) -> %s for the KV cache",
+            "(%d tokens, %d logit rows), graph reserve %s -> %s for the KV cache",
             format_bytes(total),
             utilization,
             format_bytes(total * utilization),
             format_bytes(weights),
-            format_bytes(max(peak - weights, 0)),
+            format_bytes(activations),
             batched_tokens,
             max_num_seqs,
+            format_bytes(graphs),
             format_bytes(max(budget, 0)),
         )
         if budget <= 0:
             raise ValueError(
                 f"no memory left for the KV cache: {format_bytes(total)} x {utilization} is used "
-                f"up by weights and activations ({format_bytes(peak)}); raise "
+                f"up by weights and activations ({format_bytes(peak + graphs)}); raise "
                 "gpu_memory_utilization or lower max_num_batched_tokens"
             )
         if budget > usable:

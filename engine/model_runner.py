@@ -15,6 +15,7 @@ run eagerly. The only host synchronisation of a step is reading the sampled toke
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple
@@ -41,6 +42,13 @@ def graph_buckets(max_batch: int) -> list[int]:
     return small + list(range(16, max_batch + 1, 16)) + ([max_batch] if max_batch % 16 else [])
 
 
+def token_buckets(max_tokens: int, smallest: int = 256) -> list[int]:
+    """Token counts that get a mixed-step graph: 256, 512, 1024, 1536, 2048, 3072, 4096, ...
+    (powers of two and the midpoints above 1K), ending with `max_tokens` itself."""
+    sizes = sorted({2**k for k in range(8, 32)} | {3 * 2**k for k in range(9, 32)})
+    return [b for b in sizes if smallest <= b < max_tokens] + [max(max_tokens, 1)]
+
+
 @dataclass
 class StepResult:
     """Tokens drawn for each row (`[]` for a prefill chunk) and, where asked, their logprobs."""
@@ -55,7 +63,7 @@ class Batch(NamedTuple):
     meta: AttentionMetadata | None  # None for a graph step: the graph holds its own
     logit_rows: list[int]  # rows of the SchedulerOutput that sample
     last_token_index: list[int]  # for each of those rows, its last token in the flat batch
-    graph_batch: int  # the CUDA graph bucket to replay, 0 for an eager step
+    graph: tuple[str, int] | None  # the graph to replay ("decode", seqs) / ("mixed", tokens)
 
 
 @dataclass
@@ -78,10 +86,14 @@ class _EmulatedGraph:
         self.out.copy_(self.model(*self.args))
 
 
-class _DecodeGraph(NamedTuple):
+class _StepGraph(NamedTuple):
     graph: torch.cuda.CUDAGraph | _EmulatedGraph
-    inputs: Tensor  # [5, bucket] int64 view: ids, positions, slots, lengths, table rows
-    hidden: Tensor  # the graph's output, [bucket, hidden]
+    inputs: Tensor  # the slice of the flat input buffer this graph reads (one copy fills it)
+    ids: Tensor  # views of `inputs` (for the eager stand-in and for reading back)
+    positions: Tensor
+    rows: Tensor  # each sequence's row in the persistent block-table array
+    tables: Tensor  # where the step's block tables go before a replay
+    hidden: Tensor  # the graph's output, one row per (padded) token
 
 
 class ModelRunner:
@@ -98,6 +110,7 @@ class ModelRunner:
         *,
         max_model_len: int = 4096,
         max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
         cuda_graphs: bool | str = True,
     ) -> None:
         """`cuda_graphs="emulate"` runs the graph path without CUDA (static buffers, padded
@@ -134,11 +147,14 @@ class ModelRunner:
             self._arena_np = self._arena.numpy()
             self._arena_used = 0
             self._arena_event = torch.cuda.Event()
-        self._graphs: dict[int, _DecodeGraph] = {}
+        self._graphs: dict[tuple[str, int], _StepGraph] = {}
+        self.step_counts: Counter[str] = Counter()  # steps run as "decode" / "mixed" / "eager"
         self.graph_pool_bytes = 0
         self.max_graph_batch = 0
         if (cuda_graphs and device.type == "cuda") or cuda_graphs == "emulate":
-            self._capture_decode_graphs(min(max_num_seqs, MAX_GRAPH_BATCH))
+            self._capture_graphs(
+                min(max_num_seqs, MAX_GRAPH_BATCH), max_num_batched_tokens, max_num_seqs
+            )
 
     # ------------------------------------------------------------------ stepping
 
@@ -149,11 +165,13 @@ class ModelRunner:
         if out.copies:
             self._copy_blocks(out.copies)
         batch = self._prepare(out)
-        if batch.graph_batch:
-            decode = self._graphs[batch.graph_batch]
-            decode.graph.replay()
-            hidden = decode.hidden
+        if batch.graph is not None:
+            step = self._graphs[batch.graph]
+            step.graph.replay()
+            hidden = step.hidden
+            self.step_counts[batch.graph[0]] += 1
         else:
+            self.step_counts["eager"] += 1
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         sampled: list[list[int]] = [[] for _ in out.seqs]
         logit_rows = batch.logit_rows
@@ -222,10 +240,10 @@ class ModelRunner:
         token_slot_rows = slots if decode else slots[np.repeat(np.arange(n), q_lens)]
         block_ids = self._host_table[token_slot_rows, positions // self.block_size]
         slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
-        bucket = self._bucket(n) if decode else 0
-        if bucket:
-            args = (ids, positions, slot_mapping, slots, seq_lens, logit_rows, last_token_index)
-            return self._prepare_graph(bucket, *args)
+        key = self._graph_for(n, len(ids), decode)
+        if key is not None:
+            arrays = (ids, positions, slot_mapping, slots, seq_lens, cu)
+            return self._prepare_graph(key, arrays, logit_rows, last_token_index)
         t = len(ids)
         pack = np.concatenate([ids, positions, slot_mapping, slots, seq_lens, cu])
         packed = self._to_device(pack)
@@ -239,30 +257,52 @@ class ModelRunner:
             max_seqlen_q=int(q_lens.max()),
             max_seqlen_k=int(seq_lens.max()),
         )
-        return Batch(dev_ids, dev_pos, meta, logit_rows, last_token_index, 0)
+        return Batch(dev_ids, dev_pos, meta, logit_rows, last_token_index, None)
 
     def _prepare_graph(
-        self, bucket, ids, positions, slot_mapping, slots, seq_lens, logit_rows, last
+        self, key: tuple[str, int], arrays: tuple, logit_rows: list[int], last: list[int]
     ) -> Batch:
-        """Fill the static inputs of a decode graph; rows past the batch are inert padding."""
-        n = len(ids)
-        pack = np.zeros((5, bucket), dtype=np.int64)
-        pack[0, :n], pack[1, :n], pack[2, :n] = ids, positions, slot_mapping
-        pack[3, :n], pack[4, :n] = seq_lens, slots
-        pack[2, n:] = -1  # padding writes no KV; its length 0 reads none
-        self._static_flat[: 5 * bucket].copy_(self._stage(pack.reshape(-1)), non_blocking=True)
-        self._staged()
-        view = self._graphs[bucket].inputs
-        torch.index_select(self._dev_table, 0, view[4], out=self._static_tables[:bucket])
-        return Batch(view[0], view[1], None, logit_rows, last, bucket)
+        """Fill a graph's static inputs in one copy; padding rows and tokens are inert.
 
-    def _bucket(self, n: int) -> int:
-        if n > self.max_graph_batch:
-            return 0
-        for b in self._graph_sizes:
-            if b >= n:
-                return b
-        return 0
+        Padding tokens write no KV (slot -1). A decode graph's padding rows have length 0 and
+        attend to nothing; a mixed graph's padding sequences have no query tokens (their
+        `cu_seqlens` entries repeat the real total), so no attention program works for them.
+        """
+        ids, positions, slot_mapping, slots, seq_lens, cu = arrays
+        kind, size = key
+        t, n = len(ids), len(slots)
+        if kind == "decode":
+            pack = np.zeros((5, size), dtype=np.int64)
+            pack[0, :t], pack[1, :t], pack[2, :t] = ids, positions, slot_mapping
+            pack[3, :n], pack[4, :n] = seq_lens, slots
+            pack[2, t:] = -1
+        else:
+            seqs = self._mixed_seqs
+            pack = np.zeros(3 * size + 3 * seqs + 1, dtype=np.int64)
+            tok = pack[: 3 * size].reshape(3, size)
+            tok[0, :t], tok[1, :t], tok[2, :t] = ids, positions, slot_mapping
+            tok[2, t:] = -1
+            lens, cu_all, rows = np.split(pack[3 * size :], [seqs, 2 * seqs + 1])
+            lens[:n], cu_all[: n + 1], cu_all[n + 1 :], rows[:n] = seq_lens, cu, t, slots
+        step = self._graphs[key]
+        step.inputs.copy_(self._stage(pack.reshape(-1)), non_blocking=True)
+        self._staged()
+        torch.index_select(self._dev_table, 0, step.rows, out=step.tables)
+        return Batch(step.ids, step.positions, None, logit_rows, last, key)
+
+    def _graph_for(self, num_seqs: int, num_tokens: int, decode: bool) -> tuple[str, int] | None:
+        """The smallest captured graph that fits this step, None to run it eagerly.
+
+        A decode step larger than every decode bucket takes a mixed graph (its rows go through
+        the prefill kernel path, still one replay instead of a few hundred launches).
+        """
+        if not self._graphs:
+            return None
+        if decode and num_seqs <= self._graph_sizes[-1]:
+            return "decode", next(b for b in self._graph_sizes if b >= num_seqs)
+        if num_seqs <= self._mixed_seqs and num_tokens <= self._mixed_sizes[-1]:
+            return "mixed", next(t for t in self._mixed_sizes if t >= num_tokens)
+        return None
 
     def _to_device(self, array: np.ndarray) -> Tensor:
         """The array on the runner's device (on CUDA: through the pinned staging arena)."""
@@ -359,35 +399,41 @@ class ModelRunner:
     # ------------------------------------------------------------------ CUDA graphs
 
     @torch.inference_mode()
-    def _capture_decode_graphs(self, max_batch: int) -> None:
-        """Capture one decode-step graph per batch bucket, largest first, sharing one pool.
+    def _capture_graphs(self, max_batch: int, max_tokens: int, max_seqs: int) -> None:
+        """Capture the step graphs, largest first, all sharing one memory pool.
 
-        All buckets read their inputs from one flat buffer (bucket b uses its first 5b entries,
-        so a step's inputs arrive in one contiguous copy) and one block-table buffer as wide as
-        `max_model_len`; attention's split count is fixed per bucket by `max_seqlen_k`.
+        Decode graphs (one token per sequence) per batch bucket up to `max_batch`, their split
+        count fixed by `max_seqlen_k = max_model_len`; mixed graphs (prefill chunks and decodes
+        together) per token bucket up to `max_tokens`, each with room for `max_seqs` sequences.
+        The graphs of a kind read their inputs from one flat buffer (each from its own leading
+        slice, so that one copy fills it) and their block tables from one buffer as wide as
+        `max_model_len`.
         """
-        sizes = graph_buckets(max_batch)
-        width = sizes[-1]
         dev, cuda = self.device, self.device.type == "cuda"
-        self._static_flat = torch.zeros(5 * width, dtype=torch.int64, device=dev)
-        self._static_tables = torch.zeros((width, self._max_blocks), dtype=torch.int32, device=dev)
-        # Every tensor a graph reads must outlive it: the graph holds addresses, not references.
-        self._static_cu = cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
+        self._graph_sizes = graph_buckets(max_batch)
+        self._mixed_sizes = token_buckets(max_tokens)
+        self._mixed_seqs = max_seqs
+        width, longest = self._graph_sizes[-1], self._mixed_sizes[-1]
+        # Every tensor a graph reads must outlive it: a graph holds addresses, not references.
+        self._decode_flat = torch.zeros(5 * width, dtype=torch.int64, device=dev)
+        self._decode_tables = torch.zeros((width, self._max_blocks), dtype=torch.int32, device=dev)
+        self._decode_cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
+        self._mixed_flat = torch.zeros(
+            3 * longest + 3 * max_seqs + 1, dtype=torch.int64, device=dev
+        )
+        self._mixed_tables = torch.zeros(
+            (max_seqs, self._max_blocks), dtype=torch.int32, device=dev
+        )
         before = torch.cuda.memory_reserved(dev) if cuda else 0
         pool = torch.cuda.graph_pool_handle() if cuda else None
-        for b in reversed(sizes):
-            view = self._static_flat[: 5 * b].view(5, b)
-            view[2].fill_(-1)
-            view[3].zero_()
-            meta = AttentionMetadata(
-                slot_mapping=view[2],
-                block_tables=self._static_tables[:b],
-                seq_lens=view[3],
-                cu_seqlens_q=cu[: b + 1],
-                max_seqlen_q=1,
-                max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
-            )
-            args = (view[0], view[1], self.kv_caches, meta)
+        keys = [("mixed", t) for t in reversed(self._mixed_sizes)]
+        keys += [("decode", b) for b in reversed(self._graph_sizes)]
+        for key in keys:
+            step_inputs = self._decode_inputs(key[1]) if key[0] == "decode" else None
+            if step_inputs is None:
+                step_inputs = self._mixed_inputs(key[1])
+            inputs, ids, positions, rows, tables, meta = step_inputs
+            args = (ids, positions, self.kv_caches, meta)
             hidden = self.model(*args)  # compiles the kernels of this shape outside a capture
             if cuda:
                 torch.cuda.synchronize(dev)
@@ -396,19 +442,53 @@ class ModelRunner:
                     hidden = self.model(*args)
             else:
                 graph = _EmulatedGraph(self.model, args, hidden)
-            self._graphs[b] = _DecodeGraph(graph, view, hidden)
-        self._graph_sizes = sizes
+            self._graphs[key] = _StepGraph(graph, inputs, ids, positions, rows, tables, hidden)
         self.max_graph_batch = width
         if cuda:
             torch.cuda.synchronize(dev)
             self.graph_pool_bytes = torch.cuda.memory_reserved(dev) - before
         logger.info(
-            "captured %d %sgraphs for decode batches up to %d (%.0f MiB)",
-            len(sizes),
+            "captured %d %sgraphs: decode batches up to %d, mixed steps up to %d tokens x %d "
+            "sequences (%.0f MiB)",
+            len(keys),
             "CUDA " if cuda else "emulated ",
             width,
+            longest,
+            max_seqs,
             self.graph_pool_bytes / 2**20,
         )
+
+    def _decode_inputs(self, b: int) -> tuple:
+        inputs = self._decode_flat[: 5 * b]
+        view = inputs.view(5, b)
+        view[2].fill_(-1)  # slots: padding writes nothing
+        view[3].zero_()  # lengths: padding reads nothing
+        tables = self._decode_tables[:b]
+        meta = AttentionMetadata(
+            slot_mapping=view[2],
+            block_tables=tables,
+            seq_lens=view[3],
+            cu_seqlens_q=self._decode_cu[: b + 1],
+            max_seqlen_q=1,
+            max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
+        )
+        return inputs, view[0], view[1], view[4], tables, meta
+
+    def _mixed_inputs(self, t: int) -> tuple:
+        seqs = self._mixed_seqs
+        inputs = self._mixed_flat[: 3 * t + 3 * seqs + 1]
+        tok = inputs[: 3 * t].view(3, t)
+        lens, cu, rows = inputs[3 * t :].split([seqs, seqs + 1, seqs])
+        tok[2].fill_(-1)
+        meta = AttentionMetadata(
+            slot_mapping=tok[2],
+            block_tables=self._mixed_tables,
+            seq_lens=lens,
+            cu_seqlens_q=cu,
+            max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
+            max_seqlen_k=self.max_model_len,
+        )
+        return inputs, tok[0], tok[1], rows, self._mixed_tables, meta
 
     def close(self) -> None:
         """Free the KV cache and graphs (the model stays)."""

@@ -61,7 +61,7 @@ def run(model: str, batch: int, context: int, steps: int, temperature: float) ->
         llm.step()
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / steps
-    bucket = llm.runner._bucket(batch)
+    bucket = llm.runner._graph_for(batch, batch, decode=True)
     graph_s = None
     if bucket:
         graph = llm.runner._graphs[bucket].graph

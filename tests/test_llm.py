@@ -187,9 +187,10 @@ def test_reconfigure_rebuilds_the_pool_and_keeps_the_weights(llama_folder):
 
 
 def test_graph_path_matches_eager_steps(llama_folder):
-    """The decode-graph path (static buffers, batches padded to a bucket with inert rows),
-    emulated on the CPU, gives the eager path's tokens through shrinking batches, preemption
-    and a seeded sampled request."""
+    """The graph paths (static buffers; decode batches padded to a bucket with inert rows, mixed
+    prefill steps padded with inert tokens and sequences), emulated on the CPU, give the eager
+    path's tokens through chunked prefill, shrinking batches, preemption and a seeded sampled
+    request."""
     rng = random.Random(2)
     prompts = [[rng.randrange(3, 90) for _ in range(rng.randint(2, 40))] for _ in range(21)]
     params = [
@@ -206,11 +207,37 @@ def test_graph_path_matches_eager_steps(llama_folder):
             num_blocks=24,
             block_size=8,
             max_num_seqs=12,
+            max_num_batched_tokens=64,  # chunked prefill; mixed buckets up to 64 tokens
             cuda_graphs=graphs,
         )
         assert llm.runner.max_graph_batch == (12 if graphs else 0)
         runs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        kinds = llm.runner.step_counts
+        if graphs:
+            assert kinds["decode"] > 0 and kinds["mixed"] > 0 and not kinds["eager"], kinds
+        else:
+            assert set(kinds) == {"eager"}
         assert llm.stats["scheduler"]["num_preemptions"] > 0
         assert llm.scheduler.kv.num_free_blocks == llm.scheduler.kv.num_blocks
     assert runs["emulate"] == runs[False]
     assert [len(t) for t in runs[False]] == [p.max_tokens for p in params]
+
+
+def test_graph_choice_per_step(llama_folder):
+    llm = LLM(
+        llama_folder,
+        device="cpu",
+        num_blocks=64,
+        max_num_seqs=40,
+        max_num_batched_tokens=600,
+        cuda_graphs="emulate",
+    )
+    runner = llm.runner
+    assert runner._graph_sizes == [1, 2, 4, 8, 16, 32, 40]
+    assert runner._mixed_sizes == [256, 512, 600]
+    assert runner._graph_for(3, 3, decode=True) == ("decode", 4)
+    assert runner._graph_for(33, 33, decode=True) == ("decode", 40)
+    assert runner._graph_for(3, 300, decode=False) == ("mixed", 512)
+    assert runner._graph_for(40, 600, decode=False) == ("mixed", 600)
+    assert runner._graph_for(41, 41, decode=True) is None  # more sequences than any graph
+    assert runner._graph_for(2, 601, decode=False) is None
