@@ -38,7 +38,57 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * 2**31 / sorted(times)[len(times) // 2]
 
 
-def run(model: str, batch: int, context: int, steps: int, temperature: float) -> dict:
+def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
+    """Milliseconds per step in each phase of `LLM.step` (the GPU synchronised around each)."""
+    sched, runner, total = llm.scheduler, llm.runner, {}
+
+    def timed(name, fn, *args):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        result = fn(*args)
+        torch.cuda.synchronize()
+        total[name] = total.get(name, 0.0) + (time.perf_counter() - t) * 1e3 / steps
+        return result
+
+    for _ in range(steps):
+        out = timed("schedule", sched.schedule)
+        runner._begin_step()
+        batch = timed("prepare inputs", runner._prepare, out)
+        graph = runner._graphs[batch.graph].graph if batch.graph else None
+        if graph is not None:
+            timed("graph replay", graph.replay)
+        hidden = runner._graphs[batch.graph].hidden if batch.graph else None
+        logits = timed("logits", runner.model.compute_logits, hidden[: len(out.seqs)])
+        params = [s.sampling_params for s in out.seqs]
+        sampled = timed("sample", runner.sampler, logits, params, [None] * len(params))
+        timed("update", sched.update, out, [[t] for t in sampled.token_ids])
+    return total
+
+
+def _profile(llm: LLM, steps: int) -> str:
+    """torch.profiler's table of `steps` engine steps, sorted by self CPU time, then CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            llm.step()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    return (
+        table.table(sort_by="self_cpu_time_total", row_limit=30)
+        + "\n"
+        + table.table(sort_by="self_cuda_time_total", row_limit=30)
+    )
+
+
+def run(
+    model: str,
+    batch: int,
+    context: int,
+    steps: int,
+    temperature: float,
+    profile_dir: Path | None = None,
+) -> dict:
     device = torch.device("cuda")
     bandwidth = copy_bandwidth(device)
     llm = LLM(model, load_format="dummy", device="cuda", max_num_seqs=batch, seed=0)
@@ -61,6 +111,17 @@ def run(model: str, batch: int, context: int, steps: int, temperature: float) ->
         llm.step()
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / steps
+    try:  # diagnostics: a failure here must not lose the measurement above
+        phases = _host_phases(llm, 20)
+    except Exception as e:
+        phases = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        profile = _profile(llm, 10) if profile_dir else None
+    except Exception as e:
+        profile = f"profiler failed: {type(e).__name__}: {e}"
+    if profile is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        (profile_dir / f"profile_b{batch}.txt").write_text(profile)
     bucket = llm.runner._graph_for(batch, batch, decode=True)
     graph_s = None
     if bucket:
@@ -93,6 +154,7 @@ def run(model: str, batch: int, context: int, steps: int, temperature: float) ->
         "graph_over_floor": None if graph_s is None else graph_s / floor_s,
         "decode_tok_s": batch / step_s,
         "cuda_graph_bucket": bucket,
+        "host_phases_ms": phases,
         "memory": llm.memory,
     }
 
@@ -105,10 +167,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--profile", action="store_true", help="also write torch.profiler tables")
     a = p.parse_args()
     from pagedctl.envinfo import environment
 
-    rows = [run(a.model, b, a.context, a.steps, a.temperature) for b in a.batch]
+    prof = a.out if a.profile else None
+    rows = [run(a.model, b, a.context, a.steps, a.temperature, prof) for b in a.batch]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "decode_step.json").write_text(
         json.dumps({"environment": environment(), "rows": rows}, indent=1, default=str)
@@ -119,6 +183,10 @@ def main() -> None:
             f"batch {r['batch']} x {r['context']}: step {r['step_ms']:.3f} ms "
             f"({r['step_over_floor']:.2f}x the floor {r['floor_ms']:.3f} ms), graph alone {graph}, "
             f"{r['decode_tok_s']:,.0f} tok/s"
+        )
+        print(
+            "  phases (ms/step, synchronised): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in r["host_phases_ms"].items())
         )
 
 
