@@ -68,6 +68,9 @@ class Sampler:
         """Sample row r with `params[r]`, drawing its randomness from `generators[r]`."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
         vocab, device = logits.shape[1], logits.device
+        fast = self._uniform_batch(logits, params, generators)
+        if fast is not None:
+            return SamplerOutput(fast.tolist(), _logprobs(logits, params, fast))
         tokens = torch.empty(len(params), dtype=torch.long, device=device)
         greedy = [r for r, p in enumerate(params) if p.greedy]
         if greedy:
@@ -82,6 +85,29 @@ class Sampler:
             rows = _take_rows(logits, sampled)
             tokens[sampled] = _sample(rows, [params[r] for r in sampled], len(heads), u)
         return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+
+    def _uniform_batch(
+        self, logits: Tensor, params: list[SamplingParams], generators: list
+    ) -> Tensor | None:
+        """The common batch (every row greedy, or every row plain temperature sampling with one
+        temperature and no seed) without per-row lists and index tensors; the same tokens as
+        the general path. None for any other batch."""
+        first = params[0]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1)
+        plain = first.min_p == 0 and not _needs_head(first, logits.shape[1])
+        if not plain or any(g is not None for g in generators):
+            return None
+        t = first.temperature
+        if any(
+            p.temperature != t or p.min_p or p.greedy or _needs_head(p, logits.shape[1])
+            for p in params
+        ):
+            return None
+        device = logits.device
+        u = torch.rand(len(params), generator=self._shared_generator(device), device=device)
+        temperature = torch.full((1, 1), t, device=device)  # a tensor: true division, as below
+        return _inverse_cdf(torch.softmax(logits / temperature, dim=-1), u)
 
     def _uniforms(self, generators: list[torch.Generator | None], device: torch.device) -> Tensor:
         """One uniform number in [0, 1) per row: seeded rows from their own generator."""
@@ -142,17 +168,52 @@ def _sample(logits: Tensor, params: list[SamplingParams], num_heads: int, u: Ten
 def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """The token where the CDF passes `u * total`; never a zero-probability token.
 
-    The CPU scans each row in order (accumulating in double), whatever the batch. CUDA scans a
-    single row differently from several, so there the CDF is float64, which makes a batch-dependent
-    token vanishingly rare instead of about one draw in a hundred on a flat 152k vocabulary.
+    The CPU scans each row in order (accumulating in double), whatever the batch. CUDA works in
+    float64 (a batch-dependent token becomes vanishingly rare instead of about one draw in a
+    hundred on a flat 152k vocabulary) and in two levels: a scan along a whole 152k-token row
+    runs on a few SMs and costs milliseconds per step, so it finds the block of the vocabulary
+    from block sums, then scans that block only.
     """
     if probs.device.type == "cpu":
         cdf = probs.cumsum_(dim=-1)
-    else:
-        cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[:, -1]
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+        total = cdf[:, -1]
+        target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+    return _inverse_cdf_blocked(probs, u)
+
+
+_CDF_BLOCK = 1024  # vocabulary entries per block of the two-level inverse CDF
+
+
+def _inverse_cdf_blocked(probs: Tensor, u: Tensor, block: int = _CDF_BLOCK) -> Tensor:
+    """`_inverse_cdf` as block sums + a scan of one block per row (float64 throughout).
+
+    Reads the probabilities in place (no padded copy of a `[rows, vocab]` tensor): the last,
+    partial block is summed on its own and read through clamped, masked indices.
+    """
+    rows, vocab = probs.shape
+    full = vocab // block * block
+    sums = probs[:, :full].reshape(rows, -1, block).sum(dim=-1, dtype=torch.float64)
+    if full < vocab:
+        tail = probs[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)
+        sums = torch.cat([sums, tail], dim=1)
+    nb = sums.shape[1]
+    csum = sums.cumsum_(dim=-1)  # [rows, nb]
+    total = csum[:, -1:]
+    target = torch.minimum(u[:, None].double() * total, torch.nextafter(total, total.new_zeros(())))
+    blk = torch.searchsorted(csum, target, right=True).clamp_max_(nb - 1)  # [rows, 1]
+    before = torch.where(blk > 0, csum.gather(1, (blk - 1).clamp_min(0)), 0.0)
+    cols = blk * block + torch.arange(block, device=probs.device)  # [rows, block]
+    inside = cols < vocab
+    chosen = torch.where(inside, probs.gather(1, cols.clamp_max(vocab - 1)), 0.0)
+    inner = chosen.cumsum(dim=-1, dtype=torch.float64).add_(before)
+    idx = torch.searchsorted(inner, target, right=True)
+    # Rounding may leave the block's last partial sum just under the target: take its last
+    # token of nonzero probability (the block has one: its sum passed the target).
+    ids = torch.arange(block, device=probs.device)
+    last_nonzero = torch.where(chosen > 0, ids, -1).amax(dim=-1, keepdim=True)
+    idx = torch.where(idx >= block, last_nonzero, idx)
+    return (blk * block + idx).squeeze(1)
 
 
 def _top_k_top_p(

@@ -216,3 +216,35 @@ def test_logprobs_are_raw_log_softmax_at_the_sampled_ids() -> None:
             assert out.logprobs[r] == pytest.approx(float(raw[r, out.token_ids[r]]), abs=1e-5)
         else:
             assert math.isnan(out.logprobs[r])
+
+
+@pytest.mark.parametrize("vocab", [1000, 1024, 5003])
+def test_blocked_inverse_cdf_equals_the_full_scan(vocab: int) -> None:
+    """The two-level inverse CDF (CUDA's) picks the token of a full float64 scan, never a zero-
+    probability one, whatever the block boundaries (tested here on the CPU with small blocks)."""
+    from engine.sampler import _inverse_cdf_blocked
+
+    gen = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(torch.randn(300, vocab, generator=gen) * 3, dim=-1)
+    probs[0::4, 1::2] = 0.0  # filtered rows: every other token removed
+    probs[1::4, : vocab - 3] = 0.0  # all the mass in the last tokens (a partial last block)
+    probs[2::4, 5:] = 0.0  # all the mass in the first block
+    u = torch.rand(300, generator=gen)
+    u[:5] = torch.tensor([0.0, 1 - 2**-24, 0.5, 1e-9, 0.999999])
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1]
+    target = torch.minimum(u.double() * total, torch.nextafter(total, torch.zeros_like(total)))
+    want = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+    for block in (64, 100, 1024):
+        got = _inverse_cdf_blocked(probs.clone(), u, block)
+        assert torch.equal(got, want), block
+        assert bool((probs.gather(1, got[:, None]) > 0).all())
+
+
+@pytest.mark.parametrize("params", [SP(temperature=0.7), SP(temperature=0.0), SP(temperature=1.3)])
+def test_uniform_batch_fast_path_equals_the_general_path(monkeypatch, params) -> None:
+    logits = torch.randn(64, 3000) * 2
+    fast = Sampler(seed=5)(logits.clone(), [params] * 64, [None] * 64)
+    monkeypatch.setattr(Sampler, "_uniform_batch", lambda *a: None)
+    general = Sampler(seed=5)(logits.clone(), [params] * 64, [None] * 64)
+    assert fast.token_ids == general.token_ids
