@@ -48,3 +48,15 @@ class SchedulerConfig:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+BIG_CARD_BYTES = 70 * 2**30  # a card this large gets a serving engine's step limits
+
+
+def default_step_limits(device_type: str, total_bytes: int = 0) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) when the user gives neither: vLLM's defaults for a
+    large card (16,384 / 1,024), 8,192 / 256 on smaller CUDA cards (a T4), 2,048 / 256 on the CPU.
+    """
+    if device_type != "cuda":
+        return 2048, 256
+    return (16384, 1024) if total_bytes >= BIG_CARD_BYTES else (8192, 256)

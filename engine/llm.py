@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import torch
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.config import CacheConfig, SchedulerConfig, default_step_limits
 from engine.device import default_cpu_kv_bytes, resolve_device, resolve_dtype
 from engine.kv_sizing import KVLayout, format_bytes, max_concurrency, parse_bytes
 from engine.model_runner import ModelRunner
@@ -140,11 +140,10 @@ class LLM:
         s = {**_ENGINE_DEFAULTS, **self.settings, **settings}
         self._release_engine()
         self._graphs_on = bool(s["cuda_graphs"])
-        big_card = self.device.type == "cuda" and _device_total(self.device) >= 70 * 2**30
-        max_num_seqs = s["max_num_seqs"] or (1024 if big_card else 256)
-        batched = s["max_num_batched_tokens"] or (
-            16384 if big_card else 8192 if self.device.type == "cuda" else 2048
-        )
+        total = _device_total(self.device) if self.device.type == "cuda" else 0
+        default_tokens, default_seqs = default_step_limits(self.device.type, total)
+        max_num_seqs = s["max_num_seqs"] or default_seqs
+        batched = s["max_num_batched_tokens"] or default_tokens
         blocks = self._num_blocks(
             s["block_size"],
             s["num_blocks"],
@@ -177,6 +176,11 @@ class LLM:
         if self.device.type == "cuda":
             self.memory["cuda_graph_bytes"] = self.runner.graph_pool_bytes
         self._log_start(blocks, s["block_size"])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (benchmarks start each run cold). False, and nothing
+        changes, while any request holds blocks."""
+        return self.scheduler.kv.reset_prefix_cache()
 
     def _release_engine(self) -> None:
         """Drop the current runner (its KV cache and CUDA graphs) before building another."""

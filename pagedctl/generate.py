@@ -203,7 +203,7 @@ class GenerateJob:
                 c.skipped += 1
                 continue
             c.pending[item.custom_id] = (item.line_no, item.endpoint)
-            yield _engine_input(item, defaults)
+            yield engine_input(item, defaults)
 
     def _record(self, store: ResultStore, out) -> None:
         c = self.counts
@@ -309,7 +309,8 @@ def exit_code_for(summary: dict[str, Any]) -> int:
     return EXIT_PARTIAL if summary["errors_total"] else EXIT_OK
 
 
-def _engine_input(req: JobRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+def engine_input(req: JobRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A validated request as the engine's prompt dict (its sampling defaults filled in)."""
     sampling = SamplingParams(**{**defaults, **req.sampling})
     item: dict[str, Any] = {"request_id": req.custom_id, "sampling_params": sampling}
     if req.messages is not None:

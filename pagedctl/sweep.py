@@ -615,7 +615,7 @@ def _shared_prefix_workload(spec: dict, token_ids: tuple[int, int]) -> Workload:
 def _file_workload(spec: dict, cache: dict) -> Workload:
     """A `generate` input file (both line formats); bad lines are counted and left out."""
     from engine import SamplingParams
-    from pagedctl.generate import _engine_input
+    from pagedctl.generate import engine_input
     from pagedctl.jobs.reader import LineError, ReaderLimits, read_requests
 
     key = (spec["input"], spec.get("max_tokens"), spec.get("temperature"), spec.get("ignore_eos"))
@@ -632,7 +632,7 @@ def _file_workload(spec: dict, cache: dict) -> Workload:
             skipped += 1
             logger.warning("%s line %d left out: %s", path, item.line_no, item.message)
             continue
-        req = _engine_input(item, defaults)
+        req = engine_input(item, defaults)
         if spec.get("ignore_eos") is not None:  # the flag wins over the line
             req["sampling_params"] = replace(req["sampling_params"], ignore_eos=spec["ignore_eos"])
         assert isinstance(req["sampling_params"], SamplingParams)
@@ -925,7 +925,7 @@ def run_point(llm, point: Point, settings: dict, mode: str, recipe: SweepRecipe,
 
 def _prime(llm, workload: Workload) -> None:
     """Empty the prefix cache (nothing is in flight between runs), then run the primer if any."""
-    if not llm.scheduler.kv.reset_prefix_cache():
+    if not llm.reset_prefix_cache():
         raise RuntimeError("the prefix cache could not be reset: blocks are still in use")
     if workload.prime:
         list(llm.stream(workload.prime))

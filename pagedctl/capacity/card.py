@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import default_step_limits
 from engine.kv_sizing import KVLayout, kv_budget_bytes, parse_bytes
 
 GiB = 2**30
@@ -21,7 +22,6 @@ GPU_PRESETS: dict[str, int] = {
 }
 # What the engine's scheduler may put in one step on CUDA (engine.llm.LLM.reconfigure): cards of
 # 70 GiB or more get 16,384 tokens and 1,024 sequences, smaller ones 8,192 and 256.
-BIG_CARD_BYTES = 70 * GiB
 
 
 class CardError(ValueError):
@@ -63,7 +63,7 @@ def resolve_card(device_memory: str | None, gpu: str | None) -> Card:
 
 def scheduler_budget(total_bytes: int) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) the engine picks on a CUDA card of this size."""
-    return (16384, 1024) if total_bytes >= BIG_CARD_BYTES else (8192, 256)
+    return default_step_limits("cuda", total_bytes)
 
 
 @dataclass(frozen=True)
