@@ -202,12 +202,17 @@ class KVCacheManager:
     def block_hash_of(self, block_id: int) -> BlockHash | None:
         return self.pool.blocks[block_id].block_hash
 
-    def check_integrity(self, seqs: list[Sequence]) -> None:
-        """Assert the DESIGN.md invariants over the pool and the given live sequences."""
+    def check_integrity(self, seqs: list[Sequence], lookahead: int = 0) -> None:
+        """Assert the DESIGN.md invariants over the pool and the given live sequences.
+
+        `lookahead`: tokens a multi-step decode window has reserved ahead of the computed ones.
+        """
         self.pool.check_integrity()
         holders = [0] * self.pool.num_blocks
+        bs = self.block_size
         for seq in seqs:
-            assert len(seq.block_table) == cdiv(seq.num_computed_tokens, self.block_size), seq
+            held, computed = len(seq.block_table), seq.num_computed_tokens
+            assert cdiv(computed, bs) <= held <= cdiv(computed + lookahead, bs), seq
             for block_id in seq.block_table:
                 holders[block_id] += 1
         for block in self.pool.blocks:

@@ -35,6 +35,7 @@ _ENGINE_DEFAULTS = {  # None: chosen from the device (see `LLM.reconfigure`)
     "max_model_len": None,
     "enable_prefix_caching": True,
     "cuda_graphs": True,
+    "num_scheduler_steps": 1,
 }
 
 
@@ -63,7 +64,10 @@ class LLM:
         device: "auto", "cpu" or "cuda[:N]".
         seed: seed of the dummy weights and of unseeded sampling.
         load_format: "auto" or "dummy" (random weights of the model's config).
-        cuda_graphs: on CUDA, replay decode steps from CUDA graphs captured per batch size.
+        cuda_graphs: on CUDA, replay steps from CUDA graphs captured per batch size / token count
+            ("emulate" runs the same path without CUDA, for tests).
+        num_scheduler_steps: decode steps run back to back per scheduling round (one host
+            synchronisation per round); 1 schedules every step.
 
     After construction, `memory` holds the sizing figures (bytes): `weights_bytes`,
     `kv_cache_bytes`, `num_blocks`, `block_size`, and on CUDA `total_bytes`, `utilization`,
@@ -87,7 +91,8 @@ class LLM:
         device: str | torch.device = "auto",
         seed: int = 0,
         load_format: str = "auto",
-        cuda_graphs: bool = True,
+        cuda_graphs: bool | str = True,
+        num_scheduler_steps: int = 1,
     ) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -120,6 +125,7 @@ class LLM:
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
             cuda_graphs=cuda_graphs,
+            num_scheduler_steps=num_scheduler_steps,
         )
 
     # ------------------------------------------------------------------ set-up
@@ -138,6 +144,8 @@ class LLM:
         if self.runner is not None and self.scheduler.has_unfinished():
             raise RuntimeError("reconfigure() with requests in flight; finish or abort them first")
         s = {**_ENGINE_DEFAULTS, **self.settings, **settings}
+        if int(s["num_scheduler_steps"]) < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1, got {s['num_scheduler_steps']}")
         self._release_engine()
         self._graphs_on = bool(s["cuda_graphs"])
         total = _device_total(self.device) if self.device.type == "cuda" else 0
@@ -381,8 +389,20 @@ class LLM:
         return self.tracker.clear()
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the requests that finished in it."""
+        """One engine step; returns the requests that finished in it.
+
+        With `num_scheduler_steps = k > 1`, a pure decode step whose graph exists runs `k` tokens
+        deep (see `Scheduler.reserve_decode_steps`); its results are applied one token at a
+        time, stop checks included, exactly as `k` single steps would.
+        """
         out = self.scheduler.schedule()
+        k = self.settings["num_scheduler_steps"]
+        if (
+            k > 1
+            and self.runner.has_decode_graph(len(out.seqs))
+            and self.scheduler.reserve_decode_steps(out, k)
+        ):
+            return self._decode_steps(out, k)
         result = self.runner.execute(out) if out.seqs else None
         sampled = result.sampled_token_ids if result else []
         if result and result.logprobs is not None:
@@ -396,6 +416,26 @@ class LLM:
         if stopped:
             self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
             finished.extend(stopped)
+        for seq in finished:
+            self.runner.release(seq)
+        return self.tracker.collect(finished)
+
+    def _decode_steps(self, out, k: int) -> list[RequestOutput]:
+        try:
+            tokens = self.runner.execute_decode_steps(out, k)
+            finished = []
+            for j, drawn in enumerate(tokens):
+                if j:
+                    self.scheduler.count_decode_step(out)
+                finished += self.scheduler.update(out, [[t] for t in drawn])
+                stopped = self.tracker.check_stop_strings(out.seqs)
+                if stopped:
+                    self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
+                    finished.extend(stopped)
+                if all(s.is_finished for s in out.seqs):
+                    break
+        finally:
+            self.scheduler.end_decode_steps()
         for seq in finished:
             self.runner.release(seq)
         return self.tracker.collect(finished)

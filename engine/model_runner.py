@@ -203,6 +203,43 @@ class ModelRunner:
             pos += k
         return StepResult(sampled, logprobs)
 
+    @torch.inference_mode()
+    def execute_decode_steps(self, out: SchedulerOutput, k: int) -> list[list[int]]:
+        """`k` decode steps of the same sequences back to back; tokens `[step][row]`.
+
+        The sequences' slots for all `k` tokens are already allocated
+        (`Scheduler.reserve_decode_steps`). Each step after the first feeds the previous step's
+        tokens to the graph on the device and moves positions, lengths and slots one on; the
+        host waits once, for all `k x rows` tokens, instead of once per step. Rows that finish
+        inside the window keep computing until its end; their extra tokens are dropped by the
+        caller (and for unseeded sampling they draw from the shared generator meanwhile).
+        """
+        self._begin_step()
+        batch = self._prepare(out)
+        assert batch.graph is not None and batch.graph[0] == "decode", batch.graph
+        step = self._graphs[batch.graph]
+        seqs, n, bs = out.seqs, len(out.seqs), self.block_size
+        rows = np.fromiter((self._rows[s.seq_id].slot for s in seqs), dtype=np.int64, count=n)
+        first = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
+        pos = first[None, :] + np.arange(1, k)[:, None]  # [k - 1, rows]
+        ahead = self._host_table[rows[None, :], pos // bs].astype(np.int64) * bs + pos % bs
+        ahead_dev = self._to_device(np.ascontiguousarray(ahead))
+        ids, positions, slots, lens = step.inputs.view(5, -1)[:4, :n]
+        params = [s.sampling_params for s in seqs]
+        generators = [self._generator(s, s.sample_index) for s in seqs]
+        drawn = []
+        for j in range(k):
+            if j:
+                ids.copy_(drawn[-1])
+                positions.add_(1)
+                lens.add_(1)
+                slots.copy_(ahead_dev[j - 1])
+            step.graph.replay()
+            logits = self.model.compute_logits(step.hidden[:n])
+            drawn.append(self.sampler.sample(logits, params, generators))
+        self.step_counts["decode"] += k
+        return torch.stack(drawn).tolist()
+
     def _prepare(self, out: SchedulerOutput) -> Batch:
         seqs, nums = out.seqs, out.num_new_tokens
         n = len(seqs)
@@ -289,6 +326,9 @@ class ModelRunner:
         self._staged()
         torch.index_select(self._dev_table, 0, step.rows, out=step.tables)
         return Batch(step.ids, step.positions, None, logit_rows, last, key)
+
+    def has_decode_graph(self, num_seqs: int) -> bool:
+        return bool(self._graphs) and 0 < num_seqs <= self._graph_sizes[-1]
 
     def _graph_for(self, num_seqs: int, num_tokens: int, decode: bool) -> tuple[str, int] | None:
         """The smallest captured graph that fits this step, None to run it eagerly.

@@ -66,11 +66,21 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> SamplerOutput:
         """Sample row r with `params[r]`, drawing its randomness from `generators[r]`."""
+        tokens = self.sample(logits, params, generators)
+        return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+
+    def sample(
+        self,
+        logits: Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> Tensor:
+        """The tokens as a tensor on the logits' device (no host synchronisation)."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
         vocab, device = logits.shape[1], logits.device
         fast = self._uniform_batch(logits, params, generators)
         if fast is not None:
-            return SamplerOutput(fast.tolist(), _logprobs(logits, params, fast))
+            return fast
         tokens = torch.empty(len(params), dtype=torch.long, device=device)
         greedy = [r for r, p in enumerate(params) if p.greedy]
         if greedy:
@@ -84,7 +94,7 @@ class Sampler:
             u = self._uniforms([generators[r] for r in sampled], device)
             rows = _take_rows(logits, sampled)
             tokens[sampled] = _sample(rows, [params[r] for r in sampled], len(heads), u)
-        return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+        return tokens
 
     def _uniform_batch(
         self, logits: Tensor, params: list[SamplingParams], generators: list

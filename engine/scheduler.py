@@ -74,6 +74,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
         self._num_pending_forks = 0  # children that running, not yet forked parents will add
+        self._lookahead = 0  # tokens reserved ahead inside a multi-step decode window
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`; one that can never run is finished at once, its reason in `seq.error`."""
@@ -285,9 +286,50 @@ class Scheduler:
         if waste > self.stats.peak_waste_slots:
             self.stats.peak_waste_slots = waste
 
+    # ------------------------------------------------------------------ multi-step decode
+
+    def reserve_decode_steps(self, out: SchedulerOutput, k: int) -> bool:
+        """Let a pure decode step run `k` tokens deep before the next `schedule()`.
+
+        Every row must be a decode that samples one token (no copy, no fork pending, no
+        log-probabilities) with `k - 1` more positions inside `max_model_len`; then each gets
+        the slots of its next `k - 1` tokens, all or none (False: run one step). Between the
+        `k` calls to `update` that follow, sequences hold blocks up to `k - 1` tokens ahead;
+        `end_decode_steps` closes the window.
+        """
+        if k <= 1 or out.copies or not out.seqs:
+            return False
+        bs, limit = self.block_size, self.config.max_model_len
+        needed = 0
+        for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
+            c = seq.num_computed_tokens
+            if (
+                n != 1
+                or c + 1 != seq.num_tokens
+                or seq.num_samples_to_draw != 1
+                or seq.sampling_params.logprobs
+                or seq.num_tokens + k - 1 > limit
+            ):
+                return False
+            needed += max(cdiv(c + k, bs) - len(seq.block_table), 0)
+        if needed > self.kv.num_free_blocks:
+            return False
+        for seq in out.seqs:
+            copies = self.kv.allocate_slots(seq, k)
+            assert copies == (), "a decode row without a pending copy needs none ahead"
+        self._lookahead = k - 1
+        return True
+
+    def count_decode_step(self, out: SchedulerOutput) -> None:
+        """Stats of the 2nd, 3rd, ... step of a multi-step window (the first was scheduled)."""
+        self.stats.num_decode_tokens += sum(1 for s in out.seqs if not s.is_finished)
+
+    def end_decode_steps(self) -> None:
+        self._lookahead = 0
+
     def check_invariants(self) -> None:
         """Assert DESIGN.md's invariants: pool accounting, ref counts, one table per sequence."""
-        self.kv.check_integrity(self.running)
+        self.kv.check_integrity(self.running, self._lookahead)
         assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
         pending = sum(s.num_samples_to_draw - 1 for s in self.running)
         assert pending == self._num_pending_forks, (pending, self._num_pending_forks)

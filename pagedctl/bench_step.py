@@ -88,13 +88,24 @@ def run(
     steps: int,
     temperature: float,
     profile_dir: Path | None = None,
+    num_scheduler_steps: int = 1,
 ) -> dict:
     device = torch.device("cuda")
     bandwidth = copy_bandwidth(device)
-    llm = LLM(model, load_format="dummy", device="cuda", max_num_seqs=batch, seed=0)
+    llm = LLM(
+        model,
+        load_format="dummy",
+        device="cuda",
+        max_num_seqs=batch,
+        seed=0,
+        num_scheduler_steps=num_scheduler_steps,
+    )
     rng = random.Random(0)
     params = SamplingParams(
-        temperature=temperature, max_tokens=steps + 64, ignore_eos=True, seed=None
+        temperature=temperature,
+        max_tokens=steps + 64 + 16 * num_scheduler_steps,
+        ignore_eos=True,
+        seed=None,
     )
     for i in range(batch):
         prompt = [rng.randrange(10000) for _ in range(context)]
@@ -106,11 +117,12 @@ def run(
         llm.step()  # warm: every sequence decoding, graphs replayed
     assert len(sched.running) == batch
     torch.cuda.synchronize()
+    done = sched.stats.num_steps
     t0 = time.perf_counter()
-    for _ in range(steps):
+    while sched.stats.num_steps - done < steps:  # a multi-step window counts each of its steps
         llm.step()
     torch.cuda.synchronize()
-    step_s = (time.perf_counter() - t0) / steps
+    step_s = (time.perf_counter() - t0) / (sched.stats.num_steps - done)
     try:  # diagnostics: a failure here must not lose the measurement above
         phases = _host_phases(llm, 20)
     except Exception as e:
@@ -144,6 +156,7 @@ def run(
         "context": context,
         "steps": steps,
         "temperature": temperature,
+        "num_scheduler_steps": num_scheduler_steps,
         "copy_bandwidth_GBps": bandwidth / 1e9,
         "weights_bytes": weights,
         "live_kv_bytes": kv_bytes,
@@ -168,11 +181,16 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--profile", action="store_true", help="also write torch.profiler tables")
+    p.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1])
     a = p.parse_args()
     from pagedctl.envinfo import environment
 
     prof = a.out if a.profile else None
-    rows = [run(a.model, b, a.context, a.steps, a.temperature, prof) for b in a.batch]
+    rows = [
+        run(a.model, b, a.context, a.steps, a.temperature, prof, k)
+        for b in a.batch
+        for k in a.num_scheduler_steps
+    ]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "decode_step.json").write_text(
         json.dumps({"environment": environment(), "rows": rows}, indent=1, default=str)
@@ -180,7 +198,8 @@ def main() -> None:
     for r in rows:
         graph = "eager" if r["graph_ms"] is None else f"{r['graph_ms']:.3f} ms"
         print(
-            f"batch {r['batch']} x {r['context']}: step {r['step_ms']:.3f} ms "
+            f"batch {r['batch']} x {r['context']}, {r['num_scheduler_steps']} steps a round: "
+            f"step {r['step_ms']:.3f} ms "
             f"({r['step_over_floor']:.2f}x the floor {r['floor_ms']:.3f} ms), graph alone {graph}, "
             f"{r['decode_tok_s']:,.0f} tok/s"
         )

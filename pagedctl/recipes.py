@@ -23,6 +23,7 @@ ENGINE_KEYS = (
     "dtype",
     "device",
     "seed",
+    "num_scheduler_steps",
 )
 SAMPLING_KEYS = (
     "max_tokens",

@@ -36,10 +36,11 @@ logger = logging.getLogger("pagedctl.sweep")
 # fmt: off
 ENGINE_KEYS = ("block_size", "num_blocks", "kv_cache_memory", "gpu_memory_utilization",
                "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
-               "cuda_graphs")
+               "cuda_graphs", "num_scheduler_steps")
 ALIASES = {"gpu_mem": "gpu_memory_utilization", "prefix_caching": "enable_prefix_caching"}
 SHORT = {v: k for k, v in ALIASES.items()}  # names shown in labels and tables
-_INT_KEYS = {"block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"}
+_INT_KEYS = {"block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+             "num_scheduler_steps"}
 _BOOL_KEYS = {"enable_prefix_caching", "cuda_graphs", "prime", "ignore_eos"}
 WORKLOAD_KINDS: dict[str, tuple[str, ...]] = {
     "random": ("num_requests", "prompt_len", "output_len", "token_ids", "seed", "temperature", "n"),

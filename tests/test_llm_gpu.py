@@ -96,8 +96,9 @@ def test_bundled_model_greedy_on_gpu_matches_the_cpu_path():
 
 @torch.no_grad()
 def test_cuda_graph_decode_matches_eager_steps(tmp_path):
-    """Decode steps replayed from CUDA graphs (padded to their bucket) give the eager tokens,
-    through shrinking batches, preemption and a seeded sampled request."""
+    """Steps replayed from CUDA graphs (decode and mixed, padded to their buckets), and decode
+    windows 4 steps deep, give the eager tokens through shrinking batches, preemption and a
+    seeded sampled request."""
     save_tiny_model("qwen2", tmp_path)
     rng = random.Random(2)
     prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 70))] for _ in range(37)]
@@ -107,7 +108,7 @@ def test_cuda_graph_decode_matches_eager_steps(tmp_path):
     ]
     params[5] = SamplingParams(temperature=0.9, max_tokens=30, seed=11, ignore_eos=True)
     runs = {}
-    for graphs in (True, False):
+    for graphs, steps in ((True, 1), (False, 1), (True, 4)):
         llm = LLM(
             str(tmp_path),
             device="cuda",
@@ -116,13 +117,16 @@ def test_cuda_graph_decode_matches_eager_steps(tmp_path):
             block_size=16,
             max_num_seqs=24,
             cuda_graphs=graphs,
+            num_scheduler_steps=steps,
         )
         assert (llm.runner.max_graph_batch > 0) == graphs
-        runs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        runs[graphs, steps] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert llm.stats["scheduler"]["num_preemptions"] > 0
         assert llm.scheduler.kv.num_free_blocks == llm.scheduler.kv.num_blocks
-    assert runs[True] == runs[False]
-    assert [len(t) for t in runs[True]] == [p.max_tokens for p in params]
+        kinds = llm.runner.step_counts
+        assert (kinds["decode"] > 0 and kinds["mixed"] > 0) if graphs else set(kinds) == {"eager"}
+    assert runs[True, 1] == runs[False, 1] == runs[True, 4]
+    assert [len(t) for t in runs[True, 1]] == [p.max_tokens for p in params]
 
 
 def test_memory_figures_are_reported():
