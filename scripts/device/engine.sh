@@ -4,5 +4,5 @@
 timeout 240 python3 -m pytest -q -m gpu tests/test_llm_gpu.py tests/test_model_parity.py \
   tests/test_kernels_fused.py tests/test_capacity_probe.py -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
 grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | tail -5
-timeout 150 python3 -m pagedctl.bench_step --batch 256 64 --num-scheduler-steps 1 8 --profile --out "$OUT" > "$OUT/step.txt" 2>&1
+timeout 220 python3 -m pagedctl.bench_step --batch 256 64 --num-scheduler-steps 1 8 --profile --out "$OUT" > "$OUT/step.txt" 2>&1
 grep -A1 batch "$OUT/step.txt"
