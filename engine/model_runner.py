@@ -83,6 +83,7 @@ class _EmulatedGraph:
         self.model, self.args, self.out = model, args, out
 
     def replay(self) -> None:
+        self.args[-1].plan_cache.clear()  # the static inputs changed in place since last time
         self.out.copy_(self.model(*self.args))
 
 

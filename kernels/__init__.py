@@ -45,14 +45,21 @@ def paged_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     softmax_scale: float,
+    plan_cache: dict | None = None,
 ) -> Tensor:
-    """Causal varlen attention over the paged cache; contract in `kernels.reference`."""
+    """Causal varlen attention over the paged cache; contract in `kernels.reference`.
+
+    `plan_cache`: a dict living for one forward pass that an op may memoise per-step work in
+    (the reference's gather indices); the Triton kernels need none.
+    """
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
     if _use_triton(q):
         from kernels.triton_attention import paged_attention as triton_paged_attention
 
         return triton_paged_attention(*args, max_seqlen_q, max_seqlen_k, softmax_scale)
-    return reference.paged_attention(*args, max_seqlen_q, max_seqlen_k, softmax_scale)
+    return reference.paged_attention(
+        *args, max_seqlen_q, max_seqlen_k, softmax_scale, plan_cache=plan_cache
+    )
 
 
 def rms_norm(

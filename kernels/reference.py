@@ -6,6 +6,8 @@ KV cache per layer: `k_cache` and `v_cache`, each `[num_blocks, block_size, num_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -47,6 +49,7 @@ def paged_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     softmax_scale: float,
+    plan_cache: dict | None = None,
 ) -> Tensor:
     """Causal attention of a flat varlen batch of queries over a paged KV cache.
 
@@ -65,83 +68,105 @@ def paged_attention(
         cu_seqlens_q: int32 `[num_seqs + 1]`, query start offsets into `q`.
         max_seqlen_q, max_seqlen_k: largest query / KV length in the batch (unused here).
         softmax_scale: multiplier of `q @ k^T`, usually `head_dim ** -0.5`.
+        plan_cache: a dict that lives for one step (one forward pass), shared by its layers: the
+            gather indices and masks, the same for every layer, are computed once and kept there.
 
     Returns:
         `[num_tokens, num_heads, head_dim]` in `q`'s dtype.
     """
     assert q.shape[1] % k_cache.shape[2] == 0, "num_heads must be a multiple of num_kv_heads"
+    key = ("paged_attention", k_cache.shape[1])
+    plan = None if plan_cache is None else plan_cache.get(key)
+    if plan is None:
+        plan = _plan(block_tables, seq_lens, cu_seqlens_q, k_cache.shape[1])
+        if plan_cache is not None:
+            plan_cache[key] = plan
     out = torch.empty_like(q)
+    if plan.empty_rows is not None:
+        out[plan.empty_rows] = 0
+    k_flat, v_flat = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+    for g in plan.groups:
+        shape = (*g.shape, *k_cache.shape[2:])
+        # index_select on the flattened cache is far faster than 2-D advanced indexing on the CPU.
+        k = k_flat.index_select(0, g.slots).view(shape).transpose(1, 2)  # [S, Hkv, L, D]
+        v = v_flat.index_select(0, g.slots).view(shape).transpose(1, 2)
+        rows = q[g.q_rows] if g.decode else q[g.q_rows][None]  # [S, Q, H, D]
+        if g.decode:
+            rows = rows[:, None]
+        o = F.scaled_dot_product_attention(
+            rows.float().transpose(1, 2),
+            k.float(),
+            v.float(),
+            attn_mask=g.mask,
+            scale=softmax_scale,
+            enable_gqa=True,
+        ).transpose(1, 2)
+        out[g.q_rows] = (o[:, 0] if g.decode else o[0]).to(q.dtype)
+    return out
+
+
+@dataclass
+class _Group:
+    """One fused attention call: sequences with the same query length and their gathered KV.
+
+    Attributes:
+        q_rows: rows of `q` (and of the output) it computes: a tensor of indices for a decode
+            group, a slice for one prefill chunk.
+        slots: int64 `[S * L]`, the cache slot of each gathered position.
+        shape: `(S, L)`.
+        mask: bool `[S, 1, Q, L]`, causal and hiding positions past each sequence's length.
+        decode: one query per sequence (the rows are stacked as sequences).
+    """
+
+    q_rows: Tensor | slice
+    slots: Tensor
+    shape: tuple[int, int]
+    mask: Tensor
+    decode: bool
+
+
+@dataclass
+class _Plan:
+    empty_rows: Tensor | None
+    groups: list[_Group]
+
+
+def _plan(block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor, block_size: int) -> _Plan:
+    """What to gather and mask for a step: the same for every layer, so computed once a step
+    when the caller passes a `plan_cache`."""
     starts = cu_seqlens_q[:-1].to(torch.int64)
     q_lens = cu_seqlens_q[1:].to(torch.int64) - starts
     empty = (q_lens == 1) & (seq_lens <= 0)  # padding rows of a decode graph: attend to nothing
-    out[starts[empty]] = 0
+    groups = []
     decode = ((q_lens == 1) & ~empty).nonzero().flatten()
     if decode.numel() > 0:
-        rows = starts[decode]
         tables, lens = block_tables[decode], seq_lens[decode]
-        out[rows] = _attend(q[rows, None], k_cache, v_cache, tables, lens, softmax_scale)[:, 0]
+        groups.append(_group(starts[decode], tables, lens, 1, True, block_size))
     for i in (q_lens > 1).nonzero().flatten().tolist():
         start, end, seq_len = int(starts[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i])
         for lo in range(start, end, Q_CHUNK):
             hi = min(lo + Q_CHUNK, end)
             visible = seq_lens.new_tensor([seq_len - (end - hi)])  # keys of the chunk's last row
             table = block_tables[i : i + 1]
-            out[lo:hi] = _attend(q[None, lo:hi], k_cache, v_cache, table, visible, softmax_scale)[0]
-    return out
+            groups.append(_group(slice(lo, hi), table, visible, hi - lo, False, block_size))
+    return _Plan(starts[empty] if bool(empty.any()) else None, groups)
 
 
-def _attend(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    scale: float,
-) -> Tensor:
-    """Attention of `S` sequences with the same query length: q `[S, Q, H, D]` -> `[S, Q, H, D]`.
-
-    One fused `scaled_dot_product_attention` call (GQA without repeating K/V; float32 softmax and
-    accumulation inside it) over the gathered K/V, with a boolean mask that is causal and hides
-    positions past each sequence's length.
-    """
-    q_len = q.shape[1]
+def _group(
+    q_rows, block_tables: Tensor, seq_lens: Tensor, q_len: int, decode: bool, block_size: int
+) -> _Group:
+    """Positions past a sequence's end read its own last slot: the mask hides them, and reading
+    only slots the sequence has written keeps stale data of other sequences (even NaN, where
+    0 * NaN would leak through the mask) out, and table padding unread."""
     seq_lens = seq_lens.to(torch.int64)
     kv_len = int(seq_lens.max())
-    k, v = _gather_kv(k_cache, v_cache, block_tables, seq_lens, kv_len)
-    q_pos = seq_lens[:, None] - q_len + torch.arange(q_len, device=q.device)
-    key_pos = torch.arange(kv_len, device=q.device)
-    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, L]
-    o = F.scaled_dot_product_attention(
-        q.float().transpose(1, 2),
-        k.float(),
-        v.float(),
-        attn_mask=mask[:, None],
-        scale=scale,
-        enable_gqa=True,
-    )
-    return o.transpose(1, 2).to(q.dtype)
-
-
-def _gather_kv(
-    k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, kv_len: int
-) -> tuple[Tensor, Tensor]:
-    """Gather `kv_len` positions of each sequence as K and V `[S, Hkv, L, D]` (strided views).
-
-    Positions past a sequence's end read its own last slot instead: the mask hides them, and
-    reading only slots the sequence has written keeps stale data of other sequences (even NaN,
-    where 0 * NaN would leak through the mask) out, and table padding unread.
-    """
-    block_size = k_cache.shape[1]
-    pos = torch.minimum(
-        torch.arange(kv_len, device=seq_lens.device)[None, :], seq_lens[:, None] - 1
-    )
+    device = seq_lens.device
+    pos = torch.minimum(torch.arange(kv_len, device=device)[None, :], seq_lens[:, None] - 1)
     slots = block_tables.to(torch.int64).gather(1, pos // block_size) * block_size
     slots = (slots + pos % block_size).flatten()
-    shape = (*pos.shape, *k_cache.shape[2:])
-    # index_select on the flattened cache is far faster than 2-D advanced indexing on the CPU.
-    k = k_cache.flatten(0, 1).index_select(0, slots).view(shape)  # [S, L, Hkv, D], a copy
-    v = v_cache.flatten(0, 1).index_select(0, slots).view(shape)
-    return k.transpose(1, 2), v.transpose(1, 2)
+    q_pos = seq_lens[:, None] - q_len + torch.arange(q_len, device=device)
+    mask = torch.arange(kv_len, device=device)[None, None, :] <= q_pos[:, :, None]  # [S, Q, L]
+    return _Group(q_rows, slots, tuple(pos.shape), mask[:, None], decode)
 
 
 def rms_norm(

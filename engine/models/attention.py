@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
@@ -25,6 +25,9 @@ class AttentionMetadata:
         cu_seqlens_q: int32 `[num_seqs + 1]`, start offset of each sequence's new tokens.
         max_seqlen_q: most new tokens of any sequence in the step.
         max_seqlen_k: longest `seq_lens` entry.
+        plan_cache: scratch space the attention op may memoise per-step work in (the CPU
+            reference's gather indices, computed once instead of once per layer). A metadata
+            object whose tensors are changed in place must have it cleared.
     """
 
     slot_mapping: Tensor
@@ -33,6 +36,7 @@ class AttentionMetadata:
     cu_seqlens_q: Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+    plan_cache: dict = field(default_factory=dict)  # per-step memo of the ops (see `kernels`)
 
 
 class PagedAttention(nn.Module):
@@ -75,4 +79,5 @@ class PagedAttention(nn.Module):
             meta.max_seqlen_q,
             meta.max_seqlen_k,
             self.scale,
+            plan_cache=meta.plan_cache,
         )
