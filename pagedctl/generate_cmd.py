@@ -53,7 +53,9 @@ def generate(
     gpu_mem: float | None = typer.Option(
         None, "--gpu-mem", help="CUDA: fraction of total device memory this process may use [0.9]."
     ),
-    max_num_seqs: int | None = typer.Option(None, help="Most sequences running at once [256]."),
+    max_num_seqs: int | None = typer.Option(
+        None, help="Most sequences running at once [256; 1,024 on a CUDA card of 70 GiB+]."
+    ),
     max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one step."),
     max_model_len: int | None = typer.Option(None, help="Longest sequence in tokens."),
     prefix_caching: bool | None = typer.Option(
@@ -62,6 +64,9 @@ def generate(
     dtype: str | None = typer.Option(None, help="auto, float32, float16 or bfloat16 [auto]."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda[:N] [auto]."),
     seed: int | None = typer.Option(None, help="Engine seed (unseeded sampling) [0]."),
+    num_scheduler_steps: int | None = typer.Option(
+        None, min=1, help="Decode steps run back to back per scheduling round [1]."
+    ),
     summary_json: Path | None = typer.Option(
         None, "--summary-json", help="Write the summary here."
     ),
@@ -109,6 +114,7 @@ def generate(
         "dtype": dtype,
         "device": device,
         "seed": seed,
+        "num_scheduler_steps": num_scheduler_steps,
     }
     settings = merge(doc, flags, base=recipe.parent if recipe else None)
     try:
