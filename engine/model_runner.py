@@ -121,15 +121,12 @@ class ModelRunner:
         self.device = device
         self.max_model_len = max_model_len
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-        # Left uninitialised: attention reads only slots its sequence has written, and the
-        # memory is committed as it is first written (a 4 GiB CPU pool costs nothing up front).
-        self.kv_caches = [
-            (
-                torch.empty(shape, dtype=kv_dtype, device=device),
-                torch.empty(shape, dtype=kv_dtype, device=device),
-            )
-            for _ in range(model.num_layers)
-        ]
+        # One tensor for every layer's K and V, so that a copy-on-write moves a block in all
+        # layers in one operation; each layer sees contiguous `[num_blocks, ...]` views. Left
+        # uninitialised: attention reads only slots its sequence has written, and the memory is
+        # committed as it is first written (a 4 GiB CPU pool costs nothing up front).
+        self._kv = torch.empty((model.num_layers, 2, *shape), dtype=kv_dtype, device=device)
+        self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
@@ -430,9 +427,7 @@ class ModelRunner:
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         src = self._to_device(np.array([s for s, _ in copies], dtype=np.int64))
         dst = self._to_device(np.array([d for _, d in copies], dtype=np.int64))
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
+        self._kv[:, :, dst] = self._kv[:, :, src]  # every layer's K and V in one copy
         # A copy-on-write replaced a block id inside some table: copy those tables again.
         for row in self._rows.values():
             row.synced = 0
@@ -535,6 +530,7 @@ class ModelRunner:
         """Free the KV cache and graphs (the model stays)."""
         self._graphs.clear()
         self.kv_caches = []
+        self._kv = None
         self._rows.clear()
 
     # ------------------------------------------------------------------ sampling state
