@@ -28,6 +28,7 @@ from engine.models.attention import AttentionMetadata
 from engine.sampler import Sampler, make_generator
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+from kernels import graph_capturable
 
 logger = logging.getLogger("engine")
 
@@ -149,6 +150,9 @@ class ModelRunner:
         self.step_counts: Counter[str] = Counter()  # steps run as "decode" / "mixed" / "eager"
         self.graph_pool_bytes = 0
         self.max_graph_batch = 0
+        if cuda_graphs is True and device.type == "cuda" and not graph_capturable("cuda"):
+            logger.warning("CUDA graphs off: PAGEDCTL_KERNELS=reference ops cannot be captured")
+            cuda_graphs = False
         if (cuda_graphs and device.type == "cuda") or cuda_graphs == "emulate":
             self._capture_graphs(
                 min(max_num_seqs, MAX_GRAPH_BATCH), max_num_batched_tokens, max_num_seqs

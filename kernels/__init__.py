@@ -23,6 +23,13 @@ def _use_triton(tensor: Tensor) -> bool:
     return tensor.is_cuda
 
 
+def graph_capturable(device_type: str) -> bool:
+    """Whether the ops on this device can be captured in a CUDA graph: the Triton kernels can;
+    the reference reads tensor values on the host (lengths, offsets) and cannot."""
+    forced = os.environ.get("PAGEDCTL_KERNELS", "").lower()
+    return device_type == "cuda" and forced != "reference"
+
+
 def write_kv(
     key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
 ) -> None:
@@ -92,4 +99,4 @@ def silu_and_mul(x: Tensor) -> Tensor:
     return reference.silu_and_mul(x)
 
 
-__all__ = ["paged_attention", "rms_norm", "rotary", "silu_and_mul", "write_kv"]
+__all__ = ["graph_capturable", "paged_attention", "rms_norm", "rotary", "silu_and_mul", "write_kv"]
