@@ -10,6 +10,7 @@ report gives the step time as a multiple of it, and the GPU-only time of the ste
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import time
@@ -133,7 +134,8 @@ def run(
         profile = f"profiler failed: {type(e).__name__}: {e}"
     if profile is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
-        (profile_dir / f"profile_b{batch}.txt").write_text(profile)
+        name = f"profile_b{batch}_k{num_scheduler_steps}.txt"
+        (profile_dir / name).write_text(profile)
     bucket = llm.runner._graph_for(batch, batch, decode=True)
     graph_s = None
     if bucket:
@@ -150,6 +152,11 @@ def run(
     weights = llm.memory["weights_bytes"]
     floor_s = (weights + kv_bytes) / bandwidth
     llm.abort_all()
+    memory = dict(llm.memory)
+    llm.runner.close()  # the next configuration profiles the card afresh
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
     return {
         "model": model,
         "batch": batch,
@@ -168,7 +175,7 @@ def run(
         "decode_tok_s": batch / step_s,
         "cuda_graph_bucket": bucket,
         "host_phases_ms": phases,
-        "memory": llm.memory,
+        "memory": memory,
     }
 
 
