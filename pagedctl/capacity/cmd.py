@@ -87,8 +87,10 @@ def capacity(
         None, "--name", help="Output files capacity-NAME* (default: model and card)."
     ),
 ) -> None:
-    """How many sequences fit: paged pool vs contiguous reservations, for a model, a card and
-    real lengths. No GPU needed (except for --probe); weights are never loaded.
+    """How many sequences fit: a paged pool vs contiguous reservations, for real lengths.
+
+    For a model, a card and a length distribution; no GPU needed (except for --probe), and the
+    weights are never loaded.
 
     1. the pool: bytes per token, blocks, vLLM's concurrency line;
     2. sequences that fit at 128, 256, ... --max-len tokens, paged vs contiguous;
