@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "recipes" / "models"
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # also at recipes/models (a link)
 _ARCH_BY_MODEL_TYPE = dict(zip(("llama", "qwen2", "qwen3"), SUPPORTED_ARCHITECTURES, strict=True))
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

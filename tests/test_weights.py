@@ -211,7 +211,7 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
     message = str(err.value)
     for needle in (
         str(tmp_path / "nowhere"),
-        "recipes/models",
+        "engine/presets",
         "models/presets",
         "qwen3-0.6b",
         "Hugging Face cache",
