@@ -421,10 +421,9 @@ class LLM:
         return self.tracker.collect(finished)
 
     def _decode_steps(self, out, k: int) -> list[RequestOutput]:
+        finished = []
         try:
-            tokens = self.runner.execute_decode_steps(out, k)
-            finished = []
-            for j, drawn in enumerate(tokens):
+            for j, drawn in enumerate(self.runner.execute_decode_steps(out, k)):
                 if j:
                     self.scheduler.count_decode_step(out)
                 finished += self.scheduler.update(out, [[t] for t in drawn])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple
@@ -206,13 +207,15 @@ class ModelRunner:
         return StepResult(sampled, logprobs)
 
     @torch.inference_mode()
-    def execute_decode_steps(self, out: SchedulerOutput, k: int) -> list[list[int]]:
-        """`k` decode steps of the same sequences back to back; tokens `[step][row]`.
+    def execute_decode_steps(self, out: SchedulerOutput, k: int) -> Iterator[list[int]]:
+        """`k` decode steps of the same sequences back to back; yields each step's tokens.
 
         The sequences' slots for all `k` tokens are already allocated
         (`Scheduler.reserve_decode_steps`). Each step after the first feeds the previous step's
-        tokens to the graph on the device and moves positions, lengths and slots one on; the
-        host waits once, for all `k x rows` tokens, instead of once per step. Rows that finish
+        tokens to the graph on the device and moves positions, lengths and slots one on. All `k`
+        steps are enqueued first; each step's tokens are then yielded as soon as they reach the
+        host, so the caller's bookkeeping of step j overlaps the GPU's work on the steps after
+        it, and nothing waits for a whole step's round trip. Rows that finish
         inside the window keep computing until its end; their extra tokens are dropped by the
         caller (and for unseeded sampling they draw from the shared generator meanwhile).
         """
@@ -229,18 +232,31 @@ class ModelRunner:
         ids, positions, slots, lens = step.inputs.view(5, -1)[:4, :n]
         params = [s.sampling_params for s in seqs]
         generators = [self._generator(s, s.sample_index) for s in seqs]
-        drawn = []
-        for j in range(k):
+        cuda = self.device.type == "cuda"
+        landed = torch.empty((k, n), dtype=torch.int64, pin_memory=cuda)
+        events, tokens = [], None
+        for j in range(k):  # everything is enqueued before the host waits for anything
             if j:
-                ids.copy_(drawn[-1])
+                ids.copy_(tokens)
                 positions.add_(1)
                 lens.add_(1)
                 slots.copy_(ahead_dev[j - 1])
             step.graph.replay()
             logits = self.model.compute_logits(step.hidden[:n])
-            drawn.append(self.sampler.sample(logits, params, generators))
+            tokens = self.sampler.sample(logits, params, generators)
+            landed[j].copy_(tokens, non_blocking=cuda)
+            if cuda:
+                events.append(torch.cuda.Event())
+                events[-1].record()
         self.step_counts["decode"] += k
-        return torch.stack(drawn).tolist()
+        try:
+            for j in range(k):  # the caller applies step j while the GPU runs the next ones
+                if cuda:
+                    events[j].synchronize()
+                yield landed[j].tolist()
+        finally:
+            if cuda:
+                events[-1].synchronize()  # no copy may still be writing `landed`
 
     def _prepare(self, out: SchedulerOutput) -> Batch:
         seqs, nums = out.seqs, out.num_new_tokens
