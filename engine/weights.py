@@ -1,8 +1,8 @@
 """Model sources: where a model's config, weights and tokenizer come from, and reading the weights.
 
 A model is named by a folder (config.json + safetensors), a `.gguf` file, a `.json` config, a
-preset in `recipes/models/`, a Hugging Face id already in the local cache, or nothing (the bundled
-default).
+preset in `engine/presets/` (linked as `recipes/models/`), a Hugging Face id already in the local
+cache, or nothing (the bundled default).
 Weights are read memory-mapped from safetensors only; pickle checkpoints are refused.
 """
 
