@@ -66,6 +66,8 @@ class Batch(NamedTuple):
     logit_rows: list[int]  # rows of the SchedulerOutput that sample
     last_token_index: list[int]  # for each of those rows, its last token in the flat batch
     graph: tuple[str, int] | None  # the graph to replay ("decode", seqs) / ("mixed", tokens)
+    table_rows: np.ndarray  # each sequence's row in the persistent block-table array
+    starts: np.ndarray  # each sequence's first position in this step
 
 
 @dataclass
@@ -135,6 +137,7 @@ class ModelRunner:
         # plus the blocks reserved ahead of a fork.
         self._max_blocks = -(-max_model_len // block_size) + 2
         self._rows: dict[int, _Row] = {}
+        self._dirty: set[int] = set()  # rows whose host copy changed since the last push
         self._free_slots: list[int] = []
         self._host_table = np.zeros((0, self._max_blocks), dtype=np.int32)
         self._dev_table = torch.zeros((0, self._max_blocks), dtype=torch.int32, device=device)
@@ -223,13 +226,11 @@ class ModelRunner:
         batch = self._prepare(out)
         assert batch.graph is not None and batch.graph[0] == "decode", batch.graph
         step = self._graphs[batch.graph]
-        seqs, n, bs = out.seqs, len(out.seqs), self.block_size
-        rows = np.fromiter((self._rows[s.seq_id].slot for s in seqs), dtype=np.int64, count=n)
-        first = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
-        pos = first[None, :] + np.arange(1, k)[:, None]  # [k - 1, rows]
-        ahead = self._host_table[rows[None, :], pos // bs].astype(np.int64) * bs + pos % bs
-        ahead_dev = self._to_device(np.ascontiguousarray(ahead))
+        seqs, n = out.seqs, len(out.seqs)
         ids, positions, slots, lens = step.inputs.view(5, -1)[:4, :n]
+        first, table_rows = batch.starts, batch.table_rows
+        ahead = self._slot_mapping(table_rows, first[None, :] + np.arange(1, k)[:, None])
+        ahead_dev = self._to_device(ahead)  # [k - 1, rows]: the slots of the steps after this
         params = [s.sampling_params for s in seqs]
         generators = [self._generator(s, s.sample_index) for s in seqs]
         cuda = self.device.type == "cuda"
@@ -275,7 +276,6 @@ class ModelRunner:
             )
             positions = starts
             cu = np.arange(n + 1, dtype=np.int64)
-            sample_rows = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, n)
         else:
             ids = np.fromiter(
                 chain.from_iterable(
@@ -289,16 +289,15 @@ class ModelRunner:
             np.cumsum(q_lens, out=cu[1:])
             row = np.repeat(np.arange(n), q_lens)
             positions = starts[row] + np.arange(len(ids)) - cu[:-1][row]
-            sample_rows = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, n)
+        sample_rows = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, n)
         logit_rows = np.flatnonzero(sample_rows).tolist()
         last_token_index = (cu[1:][sample_rows] - 1).tolist()
-        token_slot_rows = slots if decode else slots[np.repeat(np.arange(n), q_lens)]
-        block_ids = self._host_table[token_slot_rows, positions // self.block_size]
-        slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
+        token_rows = slots if decode else slots[np.repeat(np.arange(n), q_lens)]
+        slot_mapping = self._slot_mapping(token_rows, positions)
         key = self._graph_for(n, len(ids), decode)
         if key is not None:
             arrays = (ids, positions, slot_mapping, slots, seq_lens, cu)
-            return self._prepare_graph(key, arrays, logit_rows, last_token_index)
+            return self._prepare_graph(key, arrays, starts, logit_rows, last_token_index)
         t = len(ids)
         pack = np.concatenate([ids, positions, slot_mapping, slots, seq_lens, cu])
         packed = self._to_device(pack)
@@ -312,10 +311,15 @@ class ModelRunner:
             max_seqlen_q=int(q_lens.max()),
             max_seqlen_k=int(seq_lens.max()),
         )
-        return Batch(dev_ids, dev_pos, meta, logit_rows, last_token_index, None)
+        return Batch(dev_ids, dev_pos, meta, logit_rows, last_token_index, None, slots, starts)
 
     def _prepare_graph(
-        self, key: tuple[str, int], arrays: tuple, logit_rows: list[int], last: list[int]
+        self,
+        key: tuple[str, int],
+        arrays: tuple,
+        starts: np.ndarray,
+        logit_rows: list[int],
+        last: list[int],
     ) -> Batch:
         """Fill a graph's static inputs in one copy; padding rows and tokens are inert.
 
@@ -343,7 +347,7 @@ class ModelRunner:
         step.inputs.copy_(self._stage(pack.reshape(-1)), non_blocking=True)
         self._staged()
         torch.index_select(self._dev_table, 0, step.rows, out=step.tables)
-        return Batch(step.ids, step.positions, None, logit_rows, last, key)
+        return Batch(step.ids, step.positions, None, logit_rows, last, key, slots, starts)
 
     def has_decode_graph(self, num_seqs: int) -> bool:
         return bool(self._graphs) and 0 < num_seqs <= self._graph_sizes[-1]
@@ -421,6 +425,11 @@ class ModelRunner:
             row.synced = n
         return row.slot
 
+    def _slot_mapping(self, table_rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Cache slots (int64) of `positions` of the sequences in rows `table_rows` (broadcast)."""
+        bs = self.block_size
+        return self._host_table[table_rows, positions // bs].astype(np.int64) * bs + positions % bs
+
     def _push_dirty_rows(self) -> None:
         if not self._dirty:
             return
@@ -442,7 +451,6 @@ class ModelRunner:
             dev[:old] = self._dev_table
             self._dev_table = dev
         self._free_slots.extend(range(num_rows - 1, old - 1, -1))
-        self._dirty: set[int] = getattr(self, "_dirty", set())
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         src = self._to_device(np.array([s for s, _ in copies], dtype=np.int64))
