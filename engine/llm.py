@@ -148,6 +148,10 @@ class LLM:
             raise ValueError(f"num_scheduler_steps must be >= 1, got {s['num_scheduler_steps']}")
         self._release_engine()
         self._graphs_on = bool(s["cuda_graphs"])
+        weights = sum(p.nbytes for p in self.model.parameters())
+        self.memory: dict = {"weights_bytes": weights, "utilization": None}
+        if self.device.type == "cuda":
+            self.memory["total_bytes"] = _device_total(self.device)
         total = _device_total(self.device) if self.device.type == "cuda" else 0
         default_tokens, default_seqs = default_step_limits(self.device.type, total)
         max_num_seqs = s["max_num_seqs"] or default_seqs
@@ -212,10 +216,6 @@ class LLM:
         batched_tokens,
         max_num_seqs,
     ) -> int:
-        weights = sum(p.nbytes for p in self.model.parameters())
-        self.memory: dict = {"weights_bytes": weights, "utilization": None}
-        if self.device.type == "cuda":
-            self.memory["total_bytes"] = _device_total(self.device)
         if num_blocks is not None:
             return num_blocks
         if kv_cache_memory is not None:

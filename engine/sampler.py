@@ -102,16 +102,11 @@ class Sampler:
         """The common batch (every row greedy, or every row plain temperature sampling with one
         temperature and no seed) without per-row lists and index tensors; the same tokens as
         the general path. None for any other batch."""
-        first = params[0]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
-        plain = first.min_p == 0 and not _needs_head(first, logits.shape[1])
-        if not plain or any(g is not None for g in generators):
-            return None
-        t = first.temperature
-        if any(
-            p.temperature != t or p.min_p or p.greedy or _needs_head(p, logits.shape[1])
-            for p in params
+        t, vocab = params[0].temperature, logits.shape[1]
+        if any(g is not None for g in generators) or any(
+            p.temperature != t or p.min_p or p.greedy or _needs_head(p, vocab) for p in params
         ):
             return None
         device = logits.device

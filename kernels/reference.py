@@ -90,9 +90,7 @@ def paged_attention(
         # index_select on the flattened cache is far faster than 2-D advanced indexing on the CPU.
         k = k_flat.index_select(0, g.slots).view(shape).transpose(1, 2)  # [S, Hkv, L, D]
         v = v_flat.index_select(0, g.slots).view(shape).transpose(1, 2)
-        rows = q[g.q_rows] if g.decode else q[g.q_rows][None]  # [S, Q, H, D]
-        if g.decode:
-            rows = rows[:, None]
+        rows = q[g.q_rows].unsqueeze(1 if g.decode else 0)  # [S, Q, H, D]
         o = F.scaled_dot_product_attention(
             rows.float().transpose(1, 2),
             k.float(),

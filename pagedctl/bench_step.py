@@ -20,23 +20,7 @@ import torch
 
 from engine import SamplingParams
 from engine.llm import LLM
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes per second of a 2 GiB device-to-device copy (read + write counted), median of 20."""
-    src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 2**31 / sorted(times)[len(times) // 2]
+from kernels.bench import copy_bandwidth
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
