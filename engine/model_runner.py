@@ -2,14 +2,13 @@
 
 The runner reads sequences (tokens, `num_computed_tokens`, block tables) and never writes them; it
 owns the KV cache tensors, the per-sequence random generators, a persistent copy of every running
-sequence's block table (host and device), and on CUDA the decode-step graphs.
+sequence's block table (host and device), and on CUDA the step graphs (`engine.step_graphs`).
 
 Input preparation is vectorised: each sequence keeps one row of a persistent block-table array, and
-only entries that changed since the last step travel to the device; token ids, positions, slots and
-lengths are packed into one pinned buffer and sent in one copy. Decode steps (one new token per
-sequence) of up to `max_graph_batch` sequences replay a CUDA graph captured for the next batch-size
-bucket, padded with rows that write nowhere (slot -1) and attend to nothing (length 0); other steps
-run eagerly. The only host synchronisation of a step is reading the sampled tokens.
+only rows that changed since the last step travel to the device; token ids, positions, slots and
+lengths are packed and sent in one copy (`engine.staging`). On CUDA every step that fits a graph
+replays it; others run eagerly. The only host synchronisation of a step is reading the sampled
+tokens.
 """
 
 from __future__ import annotations
@@ -29,26 +28,13 @@ from engine.models.attention import AttentionMetadata
 from engine.sampler import Sampler, make_generator
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+from engine.staging import Staging
+from engine.step_graphs import MAX_GRAPH_BATCH, StepGraphs
 from kernels import graph_capturable
 
 logger = logging.getLogger("engine")
 
 GeneratorKey = tuple[str, int]  # (request_id, sample_index)
-_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
-MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: launch cost is amortised there
-
-
-def graph_buckets(max_batch: int) -> list[int]:
-    """Decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 16 up to `max_batch`."""
-    small = [b for b in (1, 2, 4, 8) if b <= max_batch]
-    return small + list(range(16, max_batch + 1, 16)) + ([max_batch] if max_batch % 16 else [])
-
-
-def token_buckets(max_tokens: int, smallest: int = 256) -> list[int]:
-    """Token counts that get a mixed-step graph: 256, 512, 1024, 1536, 2048, 3072, 4096, ...
-    (powers of two and the midpoints above 1K), ending with `max_tokens` itself."""
-    sizes = sorted({2**k for k in range(8, 32)} | {3 * 2**k for k in range(9, 32)})
-    return [b for b in sizes if smallest <= b < max_tokens] + [max(max_tokens, 1)]
 
 
 @dataclass
@@ -77,28 +63,6 @@ class _Row:
     slot: int
     table: list[int]  # the sequence's own list object: replaced on free and fork
     synced: int
-
-
-class _EmulatedGraph:
-    """Stands in for a CUDA graph on the CPU: replays by calling the model on the same static
-    buffers and writing into the same output tensor."""
-
-    def __init__(self, model: torch.nn.Module, args: tuple, out: Tensor) -> None:
-        self.model, self.args, self.out = model, args, out
-
-    def replay(self) -> None:
-        self.args[-1].plan_cache.clear()  # the static inputs changed in place since last time
-        self.out.copy_(self.model(*self.args))
-
-
-class _StepGraph(NamedTuple):
-    graph: torch.cuda.CUDAGraph | _EmulatedGraph
-    inputs: Tensor  # the slice of the flat input buffer this graph reads (one copy fills it)
-    ids: Tensor  # views of `inputs` (for the eager stand-in and for reading back)
-    positions: Tensor
-    rows: Tensor  # each sequence's row in the persistent block-table array
-    tables: Tensor  # where the step's block tables go before a replay
-    hidden: Tensor  # the graph's output, one row per (padded) token
 
 
 class ModelRunner:
@@ -142,37 +106,47 @@ class ModelRunner:
         self._host_table = np.zeros((0, self._max_blocks), dtype=np.int32)
         self._dev_table = torch.zeros((0, self._max_blocks), dtype=torch.int32, device=device)
         self._grow_table(max(16, max_num_seqs))
-        # Host inputs travel through one pinned arena, reused each step once the previous
-        # step's copies are done (an event, not a device-wide synchronisation).
-        self._pinned = device.type == "cuda"
-        if self._pinned:
-            self._arena = torch.empty(4 * 2**20, dtype=torch.uint8).pin_memory()
-            self._arena_np = self._arena.numpy()
-            self._arena_used = 0
-            self._arena_event = torch.cuda.Event()
-        self._graphs: dict[tuple[str, int], _StepGraph] = {}
+        self.staging = Staging(device)
         self.step_counts: Counter[str] = Counter()  # steps run as "decode" / "mixed" / "eager"
-        self.graph_pool_bytes = 0
-        self.max_graph_batch = 0
+        self.graphs: StepGraphs | None = None
         if cuda_graphs is True and device.type == "cuda" and not graph_capturable("cuda"):
             logger.warning("CUDA graphs off: PAGEDCTL_KERNELS=reference ops cannot be captured")
             cuda_graphs = False
         if (cuda_graphs and device.type == "cuda") or cuda_graphs == "emulate":
-            self._capture_graphs(
-                min(max_num_seqs, MAX_GRAPH_BATCH), max_num_batched_tokens, max_num_seqs
+            self.graphs = StepGraphs(
+                model,
+                self.kv_caches,
+                max_model_len=max_model_len,
+                max_blocks=self._max_blocks,
+                max_batch=min(max_num_seqs, MAX_GRAPH_BATCH),
+                max_tokens=max_num_batched_tokens,
+                max_seqs=max_num_seqs,
+                emulate=cuda_graphs == "emulate",
             )
+
+    @property
+    def max_graph_batch(self) -> int:
+        """The largest decode batch with a graph (0: no graphs)."""
+        return self.graphs.max_batch if self.graphs else 0
+
+    @property
+    def graph_pool_bytes(self) -> int:
+        return self.graphs.pool_bytes if self.graphs else 0
+
+    def has_decode_graph(self, num_seqs: int) -> bool:
+        return self.graphs is not None and self.graphs.has_decode(num_seqs)
 
     # ------------------------------------------------------------------ stepping
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Copy-on-write copies, one forward pass over every scheduled token, then sampling."""
-        self._begin_step()
+        self.staging.begin_step()
         if out.copies:
             self._copy_blocks(out.copies)
         batch = self._prepare(out)
         if batch.graph is not None:
-            step = self._graphs[batch.graph]
+            step = self.graphs[batch.graph]
             step.graph.replay()
             hidden = step.hidden
             self.step_counts[batch.graph[0]] += 1
@@ -190,7 +164,9 @@ class ModelRunner:
             rows_hidden = hidden[: len(last)]  # a decode step: every row samples once, in order
         else:
             idx = [t for t, k in zip(last, counts, strict=True) for _ in range(k)]
-            rows_hidden = hidden.index_select(0, self._to_device(np.array(idx, dtype=np.int64)))
+            rows_hidden = hidden.index_select(
+                0, self.staging.to_device(np.array(idx, dtype=np.int64))
+            )
         logits = self.model.compute_logits(rows_hidden)
         params, generators = [], []
         for seq, k in zip(seqs, counts, strict=True):
@@ -222,15 +198,17 @@ class ModelRunner:
         inside the window keep computing until its end; their extra tokens are dropped by the
         caller (and for unseeded sampling they draw from the shared generator meanwhile).
         """
-        self._begin_step()
+        self.staging.begin_step()
         batch = self._prepare(out)
         assert batch.graph is not None and batch.graph[0] == "decode", batch.graph
-        step = self._graphs[batch.graph]
+        step = self.graphs[batch.graph]
         seqs, n = out.seqs, len(out.seqs)
         ids, positions, slots, lens = step.inputs.view(5, -1)[:4, :n]
         first, table_rows = batch.starts, batch.table_rows
         ahead = self._slot_mapping(table_rows, first[None, :] + np.arange(1, k)[:, None])
-        ahead_dev = self._to_device(ahead)  # [k - 1, rows]: the slots of the steps after this
+        ahead_dev = self.staging.to_device(
+            ahead
+        )  # [k - 1, rows]: the slots of the steps after this
         params = [s.sampling_params for s in seqs]
         generators = [self._generator(s, s.sample_index) for s in seqs]
         cuda = self.device.type == "cuda"
@@ -294,13 +272,13 @@ class ModelRunner:
         last_token_index = (cu[1:][sample_rows] - 1).tolist()
         token_rows = slots if decode else slots[np.repeat(np.arange(n), q_lens)]
         slot_mapping = self._slot_mapping(token_rows, positions)
-        key = self._graph_for(n, len(ids), decode)
+        key = self.graphs.pick(n, len(ids), decode) if self.graphs else None
         if key is not None:
             arrays = (ids, positions, slot_mapping, slots, seq_lens, cu)
             return self._prepare_graph(key, arrays, starts, logit_rows, last_token_index)
         t = len(ids)
         pack = np.concatenate([ids, positions, slot_mapping, slots, seq_lens, cu])
-        packed = self._to_device(pack)
+        packed = self.staging.to_device(pack)
         dev_ids, dev_pos, dev_slot = packed[:t], packed[t : 2 * t], packed[2 * t : 3 * t]
         dev_slots, rest = packed[3 * t : 3 * t + n], packed[3 * t + n :]
         meta = AttentionMetadata(
@@ -321,85 +299,13 @@ class ModelRunner:
         logit_rows: list[int],
         last: list[int],
     ) -> Batch:
-        """Fill a graph's static inputs in one copy; padding rows and tokens are inert.
-
-        Padding tokens write no KV (slot -1). A decode graph's padding rows have length 0 and
-        attend to nothing; a mixed graph's padding sequences have no query tokens (their
-        `cu_seqlens` entries repeat the real total), so no attention program works for them.
-        """
-        ids, positions, slot_mapping, slots, seq_lens, cu = arrays
-        kind, size = key
-        t, n = len(ids), len(slots)
-        if kind == "decode":
-            pack = np.zeros((5, size), dtype=np.int64)
-            pack[0, :t], pack[1, :t], pack[2, :t] = ids, positions, slot_mapping
-            pack[3, :n], pack[4, :n] = seq_lens, slots
-            pack[2, t:] = -1
-        else:
-            seqs = self._mixed_seqs
-            pack = np.zeros(3 * size + 3 * seqs + 1, dtype=np.int64)
-            tok = pack[: 3 * size].reshape(3, size)
-            tok[0, :t], tok[1, :t], tok[2, :t] = ids, positions, slot_mapping
-            tok[2, t:] = -1
-            lens, cu_all, rows = np.split(pack[3 * size :], [seqs, 2 * seqs + 1])
-            lens[:n], cu_all[: n + 1], cu_all[n + 1 :], rows[:n] = seq_lens, cu, t, slots
-        step = self._graphs[key]
-        step.inputs.copy_(self._stage(pack.reshape(-1)), non_blocking=True)
-        self._staged()
+        """Fill a graph's static inputs (padding included: see `StepGraphs.pack`) in one copy."""
+        slots = arrays[3]
+        step = self.graphs[key]
+        step.inputs.copy_(self.staging.stage(self.graphs.pack(key, arrays)), non_blocking=True)
+        self.staging.staged()
         torch.index_select(self._dev_table, 0, step.rows, out=step.tables)
         return Batch(step.ids, step.positions, None, logit_rows, last, key, slots, starts)
-
-    def has_decode_graph(self, num_seqs: int) -> bool:
-        return bool(self._graphs) and 0 < num_seqs <= self._graph_sizes[-1]
-
-    def _graph_for(self, num_seqs: int, num_tokens: int, decode: bool) -> tuple[str, int] | None:
-        """The smallest captured graph that fits this step, None to run it eagerly.
-
-        A decode step larger than every decode bucket takes a mixed graph (its rows go through
-        the prefill kernel path, still one replay instead of a few hundred launches).
-        """
-        if not self._graphs:
-            return None
-        if decode and num_seqs <= self._graph_sizes[-1]:
-            return "decode", next(b for b in self._graph_sizes if b >= num_seqs)
-        if num_seqs <= self._mixed_seqs and num_tokens <= self._mixed_sizes[-1]:
-            return "mixed", next(t for t in self._mixed_sizes if t >= num_tokens)
-        return None
-
-    def _to_device(self, array: np.ndarray) -> Tensor:
-        """The array on the runner's device (on CUDA: through the pinned staging arena)."""
-        host = self._stage(array)
-        if self.device.type == "cpu":
-            return host
-        dev = host.to(self.device, non_blocking=True)
-        self._staged()
-        return dev
-
-    def _stage(self, array: np.ndarray) -> Tensor:
-        """A host tensor holding `array`: on CUDA, a slice of the pinned arena (valid until the
-        next step begins), which an asynchronous copy may read; on the CPU, the array itself."""
-        if not self._pinned:
-            return torch.from_numpy(np.ascontiguousarray(array))
-        start = -(-self._arena_used // 8) * 8
-        end = start + array.nbytes
-        if end > len(self._arena):
-            self._arena_event.synchronize()  # no copy still reads the old arena
-            self._arena = torch.empty(2 * end, dtype=torch.uint8).pin_memory()
-            self._arena_np = self._arena.numpy()
-            start, end = 0, array.nbytes
-        self._arena_used = end
-        self._arena_np[start:end].view(array.dtype).reshape(array.shape)[...] = array
-        return self._arena[start:end].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
-
-    def _staged(self) -> None:
-        if self._pinned:
-            self._arena_event.record()
-
-    def _begin_step(self) -> None:
-        """Reuse the staging arena once every copy of the previous step has been done."""
-        if self._pinned:
-            self._arena_event.synchronize()
-            self._arena_used = 0
 
     # ------------------------------------------------------------------ block tables
 
@@ -435,8 +341,8 @@ class ModelRunner:
             return
         if self.device.type != "cpu":  # on the CPU the device table is the host array
             idx = np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty))
-            rows = self._to_device(self._host_table[idx])
-            self._dev_table.index_copy_(0, self._to_device(idx), rows)
+            rows = self.staging.to_device(self._host_table[idx])
+            self._dev_table.index_copy_(0, self.staging.to_device(idx), rows)
         self._dirty.clear()
 
     def _grow_table(self, num_rows: int) -> None:
@@ -453,110 +359,17 @@ class ModelRunner:
         self._free_slots.extend(range(num_rows - 1, old - 1, -1))
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        src = self._to_device(np.array([s for s, _ in copies], dtype=np.int64))
-        dst = self._to_device(np.array([d for _, d in copies], dtype=np.int64))
+        src = self.staging.to_device(np.array([s for s, _ in copies], dtype=np.int64))
+        dst = self.staging.to_device(np.array([d for _, d in copies], dtype=np.int64))
         self._kv[:, :, dst] = self._kv[:, :, src]  # every layer's K and V in one copy
         # A copy-on-write replaced a block id inside some table: copy those tables again.
         for row in self._rows.values():
             row.synced = 0
 
-    # ------------------------------------------------------------------ CUDA graphs
-
-    @torch.inference_mode()
-    def _capture_graphs(self, max_batch: int, max_tokens: int, max_seqs: int) -> None:
-        """Capture the step graphs, largest first, all sharing one memory pool.
-
-        Decode graphs (one token per sequence) per batch bucket up to `max_batch`, their split
-        count fixed by `max_seqlen_k = max_model_len`; mixed graphs (prefill chunks and decodes
-        together) per token bucket up to `max_tokens`, each with room for `max_seqs` sequences.
-        The graphs of a kind read their inputs from one flat buffer (each from its own leading
-        slice, so that one copy fills it) and their block tables from one buffer as wide as
-        `max_model_len`.
-        """
-        dev, cuda = self.device, self.device.type == "cuda"
-        self._graph_sizes = graph_buckets(max_batch)
-        self._mixed_sizes = token_buckets(max_tokens)
-        self._mixed_seqs = max_seqs
-        width, longest = self._graph_sizes[-1], self._mixed_sizes[-1]
-        # Every tensor a graph reads must outlive it: a graph holds addresses, not references.
-        self._decode_flat = torch.zeros(5 * width, dtype=torch.int64, device=dev)
-        self._decode_tables = torch.zeros((width, self._max_blocks), dtype=torch.int32, device=dev)
-        self._decode_cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
-        self._mixed_flat = torch.zeros(
-            3 * longest + 3 * max_seqs + 1, dtype=torch.int64, device=dev
-        )
-        self._mixed_tables = torch.zeros(
-            (max_seqs, self._max_blocks), dtype=torch.int32, device=dev
-        )
-        before = torch.cuda.memory_reserved(dev) if cuda else 0
-        pool = torch.cuda.graph_pool_handle() if cuda else None
-        keys = [("mixed", t) for t in reversed(self._mixed_sizes)]
-        keys += [("decode", b) for b in reversed(self._graph_sizes)]
-        for key in keys:
-            step_inputs = self._decode_inputs(key[1]) if key[0] == "decode" else None
-            if step_inputs is None:
-                step_inputs = self._mixed_inputs(key[1])
-            inputs, ids, positions, rows, tables, meta = step_inputs
-            args = (ids, positions, self.kv_caches, meta)
-            hidden = self.model(*args)  # compiles the kernels of this shape outside a capture
-            if cuda:
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    hidden = self.model(*args)
-            else:
-                graph = _EmulatedGraph(self.model, args, hidden)
-            self._graphs[key] = _StepGraph(graph, inputs, ids, positions, rows, tables, hidden)
-        self.max_graph_batch = width
-        if cuda:
-            torch.cuda.synchronize(dev)
-            self.graph_pool_bytes = torch.cuda.memory_reserved(dev) - before
-        logger.info(
-            "captured %d %sgraphs: decode batches up to %d, mixed steps up to %d tokens x %d "
-            "sequences (%.0f MiB)",
-            len(keys),
-            "CUDA " if cuda else "emulated ",
-            width,
-            longest,
-            max_seqs,
-            self.graph_pool_bytes / 2**20,
-        )
-
-    def _decode_inputs(self, b: int) -> tuple:
-        inputs = self._decode_flat[: 5 * b]
-        view = inputs.view(5, b)
-        view[2].fill_(-1)  # slots: padding writes nothing
-        view[3].zero_()  # lengths: padding reads nothing
-        tables = self._decode_tables[:b]
-        meta = AttentionMetadata(
-            slot_mapping=view[2],
-            block_tables=tables,
-            seq_lens=view[3],
-            cu_seqlens_q=self._decode_cu[: b + 1],
-            max_seqlen_q=1,
-            max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
-        )
-        return inputs, view[0], view[1], view[4], tables, meta
-
-    def _mixed_inputs(self, t: int) -> tuple:
-        seqs = self._mixed_seqs
-        inputs = self._mixed_flat[: 3 * t + 3 * seqs + 1]
-        tok = inputs[: 3 * t].view(3, t)
-        lens, cu, rows = inputs[3 * t :].split([seqs, seqs + 1, seqs])
-        tok[2].fill_(-1)
-        meta = AttentionMetadata(
-            slot_mapping=tok[2],
-            block_tables=self._mixed_tables,
-            seq_lens=lens,
-            cu_seqlens_q=cu,
-            max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
-            max_seqlen_k=self.max_model_len,
-        )
-        return inputs, tok[0], tok[1], rows, self._mixed_tables, meta
-
     def close(self) -> None:
         """Free the KV cache and graphs (the model stays)."""
-        self._graphs.clear()
+        if self.graphs is not None:
+            self.graphs.clear()
         self.kv_caches = []
         self._kv = None
         self._rows.clear()

@@ -37,12 +37,12 @@ def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
 
     for _ in range(steps):
         out = timed("schedule", sched.schedule)
-        runner._begin_step()
+        runner.staging.begin_step()
         batch = timed("prepare inputs", runner._prepare, out)
-        graph = runner._graphs[batch.graph].graph if batch.graph else None
+        graph = runner.graphs[batch.graph].graph if batch.graph else None
         if graph is not None:
             timed("graph replay", graph.replay)
-        hidden = runner._graphs[batch.graph].hidden if batch.graph else None
+        hidden = runner.graphs[batch.graph].hidden if batch.graph else None
         logits = timed("logits", runner.model.compute_logits, hidden[: len(out.seqs)])
         params = [s.sampling_params for s in out.seqs]
         sampled = timed("sample", runner.sampler, logits, params, [None] * len(params))
@@ -120,10 +120,10 @@ def run(
         profile_dir.mkdir(parents=True, exist_ok=True)
         name = f"profile_b{batch}_k{num_scheduler_steps}.txt"
         (profile_dir / name).write_text(profile)
-    bucket = llm.runner._graph_for(batch, batch, decode=True)
+    bucket = llm.runner.graphs.pick(batch, batch, decode=True) if llm.runner.graphs else None
     graph_s = None
     if bucket:
-        graph = llm.runner._graphs[bucket].graph
+        graph = llm.runner.graphs[bucket].graph
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(20):

@@ -234,14 +234,14 @@ def test_graph_choice_per_step(llama_folder):
         cuda_graphs="emulate",
     )
     runner = llm.runner
-    assert runner._graph_sizes == [1, 2, 4, 8, 16, 32, 40]
-    assert runner._mixed_sizes == [256, 512, 600]
-    assert runner._graph_for(3, 3, decode=True) == ("decode", 4)
-    assert runner._graph_for(33, 33, decode=True) == ("decode", 40)
-    assert runner._graph_for(3, 300, decode=False) == ("mixed", 512)
-    assert runner._graph_for(40, 600, decode=False) == ("mixed", 600)
-    assert runner._graph_for(41, 41, decode=True) is None  # more sequences than any graph
-    assert runner._graph_for(2, 601, decode=False) is None
+    assert runner.graphs.decode_sizes == [1, 2, 4, 8, 16, 32, 40]
+    assert runner.graphs.mixed_sizes == [256, 512, 600]
+    assert runner.graphs.pick(3, 3, decode=True) == ("decode", 4)
+    assert runner.graphs.pick(33, 33, decode=True) == ("decode", 40)
+    assert runner.graphs.pick(3, 300, decode=False) == ("mixed", 512)
+    assert runner.graphs.pick(40, 600, decode=False) == ("mixed", 600)
+    assert runner.graphs.pick(41, 41, decode=True) is None  # more sequences than any graph
+    assert runner.graphs.pick(2, 601, decode=False) is None
 
 
 @pytest.mark.parametrize("block_size", [4, 16])

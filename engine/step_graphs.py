@@ -1,0 +1,211 @@
+"""CUDA graphs of whole model steps, one per batch bucket, with the static inputs they read.
+
+Launched one by one, the ~250 kernels of a step cost ~10 ms of host time (Triton's launcher); a
+graph replay costs microseconds. Two kinds:
+
+- decode graphs (one new token per sequence) per batch size 1, 2, 4, 8, 16, 32, ... up to
+  `max_batch`; padding rows write nowhere (slot -1) and attend to nothing (length 0); the
+  attention split count of each is fixed by `max_seqlen_k = max_model_len`;
+- mixed graphs (prefill chunks, with or without decodes) per token count 256, 512, 1K, 1.5K, 2K,
+  ... up to the step's token budget, with room for `max_seqs` sequences; padding tokens write
+  nowhere and padding sequences have no query tokens.
+
+The graphs of a kind read their inputs from one flat buffer, each from its own leading slice (so
+one copy fills it), and their block tables from one buffer as wide as `max_model_len`. Every
+tensor a graph reads is held here for the graphs' lifetime: a graph holds addresses, not
+references. `emulate=True` builds the same buffers and replays by calling the model eagerly, so
+CPU tests cover the padding and the static-buffer bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from engine.models.attention import AttentionMetadata, KVCache
+
+logger = logging.getLogger("engine")
+
+MAX_GRAPH_BATCH = 512  # the largest decode graph; larger decode steps take a mixed graph
+GraphKey = tuple[str, int]  # ("decode", sequences) or ("mixed", tokens)
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """Decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 16 up to `max_batch`."""
+    small = [b for b in (1, 2, 4, 8) if b <= max_batch]
+    return small + list(range(16, max_batch + 1, 16)) + ([max_batch] if max_batch % 16 else [])
+
+
+def token_buckets(max_tokens: int, smallest: int = 256) -> list[int]:
+    """Token counts that get a mixed-step graph: 256, 512, 1024, 1536, 2048, 3072, 4096, ...
+    (powers of two and the midpoints above 1K), ending with `max_tokens` itself."""
+    sizes = sorted({2**k for k in range(8, 32)} | {3 * 2**k for k in range(9, 32)})
+    return [b for b in sizes if smallest <= b < max_tokens] + [max(max_tokens, 1)]
+
+
+class _EmulatedGraph:
+    """Stands in for a CUDA graph on the CPU: replays by calling the model on the same static
+    buffers and writing into the same output tensor."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple, out: Tensor) -> None:
+        self.model, self.args, self.out = model, args, out
+
+    def replay(self) -> None:
+        self.args[-1].plan_cache.clear()  # the static inputs changed in place since last time
+        self.out.copy_(self.model(*self.args))
+
+
+class StepGraph(NamedTuple):
+    graph: torch.cuda.CUDAGraph | _EmulatedGraph
+    inputs: Tensor  # the slice of the flat input buffer this graph reads (one copy fills it)
+    ids: Tensor  # views of `inputs`
+    positions: Tensor
+    rows: Tensor  # each sequence's row in the runner's persistent block-table array
+    tables: Tensor  # where the step's block tables go before a replay
+    hidden: Tensor  # the graph's output, one row per (padded) token
+
+
+class StepGraphs:
+    """The captured step graphs of one model, KV cache and set of limits."""
+
+    @torch.inference_mode()
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_caches: list[KVCache],
+        *,
+        max_model_len: int,
+        max_blocks: int,
+        max_batch: int,
+        max_tokens: int,
+        max_seqs: int,
+        emulate: bool = False,
+    ) -> None:
+        dev = kv_caches[0][0].device
+        cuda = not emulate
+        self.decode_sizes = graph_buckets(max_batch)
+        self.mixed_sizes = token_buckets(max_tokens)
+        self.mixed_seqs = max_seqs
+        self.max_model_len = max_model_len
+        width, longest = self.decode_sizes[-1], self.mixed_sizes[-1]
+        self.max_batch = width
+        self._decode_flat = torch.zeros(5 * width, dtype=torch.int64, device=dev)
+        self._decode_tables = torch.zeros((width, max_blocks), dtype=torch.int32, device=dev)
+        self._decode_cu = torch.arange(width + 1, dtype=torch.int32, device=dev)
+        flat = 3 * longest + 3 * max_seqs + 1
+        self._mixed_flat = torch.zeros(flat, dtype=torch.int64, device=dev)
+        self._mixed_tables = torch.zeros((max_seqs, max_blocks), dtype=torch.int32, device=dev)
+        before = torch.cuda.memory_reserved(dev) if cuda else 0
+        pool = torch.cuda.graph_pool_handle() if cuda else None
+        keys = [("mixed", t) for t in reversed(self.mixed_sizes)]
+        keys += [("decode", b) for b in reversed(self.decode_sizes)]
+        self._graphs: dict[GraphKey, StepGraph] = {}
+        for key in keys:  # largest first: the smaller ones reuse its pool
+            kind, size = key
+            inputs, ids, positions, rows, tables, meta = (
+                self._decode_inputs(size) if kind == "decode" else self._mixed_inputs(size)
+            )
+            args = (ids, positions, kv_caches, meta)
+            hidden = model(*args)  # compiles the kernels of this shape outside a capture
+            if cuda:
+                torch.cuda.synchronize(dev)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    hidden = model(*args)
+            else:
+                graph = _EmulatedGraph(model, args, hidden)
+            self._graphs[key] = StepGraph(graph, inputs, ids, positions, rows, tables, hidden)
+        self.pool_bytes = 0
+        if cuda:
+            torch.cuda.synchronize(dev)
+            self.pool_bytes = torch.cuda.memory_reserved(dev) - before
+        logger.info(
+            "captured %d %sgraphs: decode batches up to %d, mixed steps up to %d tokens x %d "
+            "sequences (%.0f MiB)",
+            len(keys),
+            "emulated " if emulate else "CUDA ",
+            width,
+            longest,
+            max_seqs,
+            self.pool_bytes / 2**20,
+        )
+
+    def __getitem__(self, key: GraphKey) -> StepGraph:
+        return self._graphs[key]
+
+    def has_decode(self, num_seqs: int) -> bool:
+        return 0 < num_seqs <= self.max_batch
+
+    def pick(self, num_seqs: int, num_tokens: int, decode: bool) -> GraphKey | None:
+        """The smallest graph that fits a step, None to run it eagerly.
+
+        A decode step larger than every decode bucket takes a mixed graph (its rows go through
+        the prefill kernel path, still one replay instead of a few hundred launches).
+        """
+        if decode and num_seqs <= self.max_batch:
+            return "decode", next(b for b in self.decode_sizes if b >= num_seqs)
+        if num_seqs <= self.mixed_seqs and num_tokens <= self.mixed_sizes[-1]:
+            return "mixed", next(t for t in self.mixed_sizes if t >= num_tokens)
+        return None
+
+    def pack(self, key: GraphKey, arrays: tuple) -> np.ndarray:
+        """A graph's whole input slice on the host, padding included, for one copy.
+
+        `arrays`: the step's token ids, positions, slots, table rows, lengths, cu_seqlens.
+        """
+        ids, positions, slot_mapping, rows, seq_lens, cu = arrays
+        kind, size = key
+        t, n = len(ids), len(rows)
+        if kind == "decode":
+            pack = np.zeros((5, size), dtype=np.int64)
+            pack[0, :t], pack[1, :t], pack[2, :t] = ids, positions, slot_mapping
+            pack[3, :n], pack[4, :n] = seq_lens, rows
+            pack[2, t:] = -1
+            return pack.reshape(-1)
+        seqs = self.mixed_seqs
+        pack = np.zeros(3 * size + 3 * seqs + 1, dtype=np.int64)
+        tok = pack[: 3 * size].reshape(3, size)
+        tok[0, :t], tok[1, :t], tok[2, :t] = ids, positions, slot_mapping
+        tok[2, t:] = -1
+        lens, cu_all, table_rows = np.split(pack[3 * size :], [seqs, 2 * seqs + 1])
+        lens[:n], cu_all[: n + 1], cu_all[n + 1 :], table_rows[:n] = seq_lens, cu, t, rows
+        return pack
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    def _decode_inputs(self, b: int) -> tuple:
+        inputs = self._decode_flat[: 5 * b]
+        view = inputs.view(5, b)
+        view[2].fill_(-1)  # slots: padding writes nothing
+        view[3].zero_()  # lengths: padding reads nothing
+        tables = self._decode_tables[:b]
+        meta = AttentionMetadata(
+            slot_mapping=view[2],
+            block_tables=tables,
+            seq_lens=view[3],
+            cu_seqlens_q=self._decode_cu[: b + 1],
+            max_seqlen_q=1,
+            max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
+        )
+        return inputs, view[0], view[1], view[4], tables, meta
+
+    def _mixed_inputs(self, t: int) -> tuple:
+        seqs = self.mixed_seqs
+        inputs = self._mixed_flat[: 3 * t + 3 * seqs + 1]
+        tok = inputs[: 3 * t].view(3, t)
+        lens, cu, rows = inputs[3 * t :].split([seqs, seqs + 1, seqs])
+        tok[2].fill_(-1)
+        meta = AttentionMetadata(
+            slot_mapping=tok[2],
+            block_tables=self._mixed_tables,
+            seq_lens=lens,
+            cu_seqlens_q=cu,
+            max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
+            max_seqlen_k=self.max_model_len,
+        )
+        return inputs, tok[0], tok[1], rows, self._mixed_tables, meta
