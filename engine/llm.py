@@ -233,58 +233,19 @@ class LLM:
         return blocks
 
     def _cuda_kv_budget(self, utilization: float, batched_tokens: int, max_num_seqs: int) -> int:
-        """Total x utilization, less this process's weights and a profiled step's peak.
+        from engine.profiling import cuda_kv_budget
 
-        The profile step is the largest batch the scheduler can form: `batched_tokens` tokens of
-        prefill and `max_num_seqs` rows of logits. Only this process's allocations count
-        (`max_memory_allocated`), so other processes on the card do not shrink the estimate;
-        they only shrink what is really free, which is checked.
-        """
-        from engine.profiling import profile_peak_bytes
-
-        total = _device_total(self.device)
-        peak = profile_peak_bytes(
-            self.model, self.device, self.dtype, batched_tokens, num_logit_rows=max_num_seqs
-        )
-        weights = self.memory["weights_bytes"]
-        activations = max(peak - weights, 0)
-        # The step graphs keep a private pool about as large as the largest step's activations.
-        graphs = activations if self._graphs_on else 0
-        budget = int(total * utilization) - peak - graphs
-        free, _ = torch.cuda.mem_get_info(self.device)
-        usable = free + torch.cuda.memory_reserved(self.device)
-        usable -= torch.cuda.memory_allocated(self.device)
-        self.memory.update(
-            utilization=utilization,
-            activation_peak_bytes=activations,
-            cuda_graph_reserve_bytes=graphs,
-            non_kv_bytes=peak + graphs,
-        )
-        logger.info(
-            "CUDA memory: %s total x %.2f = %s; weights %s, activation peak %s "
-            "(%d tokens, %d logit rows), graph reserve %s -> %s for the KV cache",
-            format_bytes(total),
+        budget, figures = cuda_kv_budget(
+            self.model,
+            self.device,
+            self.dtype,
             utilization,
-            format_bytes(total * utilization),
-            format_bytes(weights),
-            format_bytes(activations),
             batched_tokens,
             max_num_seqs,
-            format_bytes(graphs),
-            format_bytes(max(budget, 0)),
+            self.memory["weights_bytes"],
+            reserve_graphs=self._graphs_on,
         )
-        if budget <= 0:
-            raise ValueError(
-                f"no memory left for the KV cache: {format_bytes(total)} x {utilization} is used "
-                f"up by weights and activations ({format_bytes(peak + graphs)}); raise "
-                "gpu_memory_utilization or lower max_num_batched_tokens"
-            )
-        if budget > usable:
-            raise ValueError(
-                f"the KV cache would need {format_bytes(budget)} but only {format_bytes(usable)} "
-                "is free on the device (other processes hold the rest); lower "
-                "gpu_memory_utilization or set kv_cache_memory"
-            )
+        self.memory.update(figures)
         return budget
 
     def _max_model_len(self, asked: int | None, pool_tokens: int) -> int:

@@ -2,9 +2,74 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from engine.kv_sizing import format_bytes
 from engine.models.attention import AttentionMetadata
+
+logger = logging.getLogger("engine")
+
+
+def cuda_kv_budget(
+    model: torch.nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    utilization: float,
+    batched_tokens: int,
+    max_num_seqs: int,
+    weights: int,
+    reserve_graphs: bool,
+) -> tuple[int, dict]:
+    """Bytes for the KV cache: total x utilization, less a profiled step's peak (weights
+    included) and, with step graphs, their pool; and the figures behind it (for `LLM.memory`).
+
+    The profile step is the largest batch the scheduler can form: `batched_tokens` tokens of
+    prefill and `max_num_seqs` rows of logits. Only this process's allocations count
+    (`max_memory_allocated`), so other processes on the card do not shrink the estimate; they
+    only shrink what is really free, which is checked.
+    """
+    total = torch.cuda.get_device_properties(device).total_memory
+    peak = profile_peak_bytes(model, device, dtype, batched_tokens, num_logit_rows=max_num_seqs)
+    activations = max(peak - weights, 0)
+    # The step graphs keep a private pool about as large as the largest step's activations.
+    graphs = activations if reserve_graphs else 0
+    budget = int(total * utilization) - peak - graphs
+    free, _ = torch.cuda.mem_get_info(device)
+    usable = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    logger.info(
+        "CUDA memory: %s total x %.2f = %s; weights %s, activation peak %s "
+        "(%d tokens, %d logit rows), graph reserve %s -> %s for the KV cache",
+        format_bytes(total),
+        utilization,
+        format_bytes(total * utilization),
+        format_bytes(weights),
+        format_bytes(activations),
+        batched_tokens,
+        max_num_seqs,
+        format_bytes(graphs),
+        format_bytes(max(budget, 0)),
+    )
+    if budget <= 0:
+        raise ValueError(
+            f"no memory left for the KV cache: {format_bytes(total)} x {utilization} is used "
+            f"up by weights and activations ({format_bytes(peak + graphs)}); raise "
+            "gpu_memory_utilization or lower max_num_batched_tokens"
+        )
+    if budget > usable:
+        raise ValueError(
+            f"the KV cache would need {format_bytes(budget)} but only {format_bytes(usable)} "
+            "is free on the device (other processes hold the rest); lower "
+            "gpu_memory_utilization or set kv_cache_memory"
+        )
+    figures = {
+        "utilization": utilization,
+        "activation_peak_bytes": activations,
+        "cuda_graph_reserve_bytes": graphs,
+        "non_kv_bytes": peak + graphs,
+    }
+    return budget, figures
 
 
 @torch.inference_mode()
