@@ -181,60 +181,18 @@ def matmul_rate(dtype, device) -> float:
     return 2 * 8192**3 / (_ms(lambda: a @ b) * 1e-3)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--quick", action="store_true", help="a small sweep")
-    a = p.parse_args()
-    device, dtype = torch.device("cuda"), getattr(torch, a.dtype)
-    bw, mm = copy_bandwidth(device), matmul_rate(dtype, device)
-    env = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "copy_bandwidth_GBps": bw / 1e9,
-        "matmul_TFLOPs": mm / 1e12,
-        "dtype": a.dtype,
-    }
-    batches, contexts = (
-        ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])
-    )
-    decode, peer_rows = [], []
-    for shape in SHAPES:
-        for batch in batches:
-            for ctx in contexts:
-                if batch * ctx > 256 * 8192:  # 256 x 32K would not be a decode batch anyone runs
-                    continue
-                for block in (16, 32, 64):
-                    scan = SPLIT_SCAN if block == 16 and batch in (8, 64) else ()
-                    decode.append(decode_case(shape, batch, ctx, block, dtype, device, bw, scan))
-                peer_rows.append(
-                    {
-                        "shape": shape,
-                        "batch": batch,
-                        "context": ctx,
-                        **peers(
-                            shape,
-                            batch,
-                            ctx,
-                            dtype,
-                            device,
-                            batch == 64 and ctx in (2048, 8192),
-                        ),
-                    }
-                )
-                torch.cuda.empty_cache()
-    prefill = [prefill_case(s, n, dtype, device, mm) for s in SHAPES for n in (1024, 4096, 16384)]
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "kernels.json").write_text(
+def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) -> str:
+    """kernels.json and kernels.md under `out` from the rows so far (called as rows land, so a
+    run cut short by its time limit still leaves its tables)."""
+    bw, mm = env["copy_bandwidth_GBps"] * 1e9, env["matmul_TFLOPs"] * 1e12
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(
         json.dumps(
             {"environment": env, "decode": decode, "peers": peer_rows, "prefill": prefill}, indent=1
         )
     )
     lines = [
-        f"# Paged attention on {env['gpu']} ({a.dtype})",
+        f"# Paged attention on {env['gpu']} ({env['dtype']})",
         "",
         f"copy bandwidth {bw / 1e9:.0f} GB/s, matmul {mm / 1e12:.0f} TFLOP/s; torch "
         f"{env['torch']}, triton {env['triton']}",
@@ -268,7 +226,7 @@ def main() -> None:
         if not r["ms_splits"]:
             continue
         hkv = SHAPES[r["shape"]][1]
-        picked = choose_num_splits(r["batch"], hkv, r["context"], _device_info(device)[1])
+        picked = choose_num_splits(r["batch"], hkv, r["context"], env["sms"])
         cells = [
             f"{ms * 1e3:.1f}{'*' if int(n) == picked else ''}" for n, ms in r["ms_splits"].items()
         ]
@@ -284,8 +242,63 @@ def main() -> None:
             f"| {r['shape']} | {r['q_len']} | {r['ms']:.3f} | {r['floor_ms']:.3f} | "
             f"{r['ms_sdpa_causal']:.3f} |"
         )
-    (a.out / "kernels.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quick", action="store_true", help="a small sweep")
+    a = p.parse_args()
+    device, dtype = torch.device("cuda"), getattr(torch, a.dtype)
+    bw, mm = copy_bandwidth(device), matmul_rate(dtype, device)
+    env = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "copy_bandwidth_GBps": bw / 1e9,
+        "matmul_TFLOPs": mm / 1e12,
+        "dtype": a.dtype,
+        "sms": _device_info(device)[1],
+    }
+    batches, contexts = (
+        ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])
+    )
+    decode, peer_rows = [], []
+    for shape in SHAPES:
+        for batch in batches:
+            for ctx in contexts:
+                if batch * ctx > 256 * 8192:  # 256 x 32K would not be a decode batch anyone runs
+                    continue
+                for block in (16, 32, 64):
+                    scan = SPLIT_SCAN if block == 16 and batch in (8, 64) else ()
+                    decode.append(decode_case(shape, batch, ctx, block, dtype, device, bw, scan))
+                peer_rows.append(
+                    {
+                        "shape": shape,
+                        "batch": batch,
+                        "context": ctx,
+                        **peers(
+                            shape,
+                            batch,
+                            ctx,
+                            dtype,
+                            device,
+                            batch == 64 and ctx in (2048, 8192),
+                        ),
+                    }
+                )
+                torch.cuda.empty_cache()
+                write(a.out, env, decode, peer_rows, [])
+    prefill = []
+    for s in SHAPES:
+        for n in (1024, 4096, 16384):
+            prefill.append(prefill_case(s, n, dtype, device, mm))
+            write(a.out, env, decode, peer_rows, prefill)
+    print(write(a.out, env, decode, peer_rows, prefill))
     assert math.isfinite(bw)
 
 
