@@ -110,7 +110,7 @@ def profile_peak_bytes(
     )
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     hidden = model(ids, positions, caches, meta)
-    model.compute_logits(hidden[: min(num_logit_rows, num_tokens)])
+    model.compute_logits(hidden[: min(num_logit_rows, num_tokens)]).float()  # as sampling may
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - cache_bytes
     del caches, hidden

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+import kernels
 from engine.sampling_params import SamplingParams
 
 _CANDIDATES = 64  # largest probabilities looked at first; more (x16 each time) only where needed
@@ -50,7 +51,8 @@ def make_generator(
 
 
 class Sampler:
-    """Samples one token per row of a `[rows, vocab]` float32 logits tensor.
+    """Samples one token per row of a `[rows, vocab]` logits tensor (any float dtype; rows that
+    need more than argmax or plain temperature sampling are computed in float32).
 
     Unseeded rows share one generator per device, seeded from `seed` (random when None).
     """
@@ -81,6 +83,7 @@ class Sampler:
         fast = self._uniform_batch(logits, params, generators)
         if fast is not None:
             return fast
+        logits = logits.float()
         tokens = torch.empty(len(params), dtype=torch.long, device=device)
         greedy = [r for r, p in enumerate(params) if p.greedy]
         if greedy:
@@ -101,9 +104,11 @@ class Sampler:
     ) -> Tensor | None:
         """The common batch (every row greedy, or every row plain temperature sampling with one
         temperature and no seed) without per-row lists and index tensors; the same tokens as
-        the general path. None for any other batch."""
+        the general path (on CUDA, the fused kernel `kernels.sample_temperature`: the same
+        tokens but where a uniform falls within rounding of a CDF step). None for any other
+        batch."""
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
+            return logits.argmax(dim=-1)  # exact in any dtype: upcasting keeps the order
         t, vocab = params[0].temperature, logits.shape[1]
         if any(g is not None for g in generators) or any(
             p.temperature != t or p.min_p or p.greedy or _needs_head(p, vocab) for p in params
@@ -111,8 +116,10 @@ class Sampler:
             return None
         device = logits.device
         u = torch.rand(len(params), generator=self._shared_generator(device), device=device)
+        if device.type == "cuda":
+            return kernels.sample_temperature(logits, t, u)  # reads the logits once
         temperature = torch.full((1, 1), t, device=device)  # a tensor: true division, as below
-        return _inverse_cdf(torch.softmax(logits / temperature, dim=-1), u)
+        return _inverse_cdf(torch.softmax(logits.float() / temperature, dim=-1), u)
 
     def _uniforms(self, generators: list[torch.Generator | None], device: torch.device) -> Tensor:
         """One uniform number in [0, 1) per row: seeded rows from their own generator."""
@@ -288,7 +295,7 @@ def _logprobs(logits: Tensor, params: list[SamplingParams], tokens: Tensor) -> l
     asked = [r for r, p in enumerate(params) if p.logprobs]
     if not asked:
         return None
-    rows = _take_rows(logits, asked)
+    rows = _take_rows(logits, asked).float()
     chosen = rows.gather(1, tokens[asked, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
     out = [math.nan] * len(params)
     for r, logprob in zip(asked, chosen.tolist(), strict=True):

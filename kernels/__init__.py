@@ -99,4 +99,21 @@ def silu_and_mul(x: Tensor) -> Tensor:
     return reference.silu_and_mul(x)
 
 
-__all__ = ["graph_capturable", "paged_attention", "rms_norm", "rotary", "silu_and_mul", "write_kv"]
+def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
+    """Temperature sampling by inverse CDF, one uniform per row; contract in `kernels.reference`."""
+    if _use_triton(logits):
+        from kernels.triton_sample import sample_temperature as triton_sample_temperature
+
+        return triton_sample_temperature(logits, temperature, u)
+    return reference.sample_temperature(logits, temperature, u)
+
+
+__all__ = [
+    "graph_capturable",
+    "paged_attention",
+    "rms_norm",
+    "rotary",
+    "sample_temperature",
+    "silu_and_mul",
+    "write_kv",
+]

@@ -217,3 +217,16 @@ def silu_and_mul(x: Tensor) -> Tensor:
     """
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
+    """Token ids sampled from `softmax(logits / temperature)` by inverse CDF at uniforms `u`.
+
+    Row r's token is the first (in vocabulary order) where the CDF, accumulated in float64,
+    exceeds `u[r]` times the row's total; never a token of zero probability.
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1).double()
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.minimum(u[:, None].double() * total, torch.nextafter(total, total.new_zeros(())))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)

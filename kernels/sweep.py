@@ -1,8 +1,10 @@
 """Offline sweep of the attention kernel's launch configs on a CUDA device (none at run time).
 
-`python -m kernels.sweep --out DIR` times every candidate (tile, warps, stages) on decode and
-prefill shapes of our models, then the split-KV wave count, and writes the timings and the
-winners; the winners are copied by hand into `kernels/configs.py` and `choose_num_splits`.
+`python -m kernels.sweep --out DIR` times every candidate (tile, warps, stages) on decode shapes
+of our models (each a stack of per-layer caches in one CUDA graph, as `kernels.bench` times them),
+then forced split counts with the two best configs of each shape, and, with `--prefill`, the
+prefill configs; it writes the timings and the winners, which are copied by hand into
+`kernels/configs.py` and `choose_num_splits`.
 """
 
 from __future__ import annotations
@@ -17,97 +19,104 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+from kernels.bench import _per_call_ms, num_layers
 from kernels.configs import AttentionConfig
-from kernels.triton_attention import MAX_SPLITS, MIN_SPLIT_TOKENS, paged_attention
+from kernels.triton_attention import paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
-DECODE = [
-    (1, 8192),
-    (1, 32768),
-    (8, 8192),
-    (64, 2048),
-    (64, 8192),
-    (64, 32768),
-    (256, 2048),
-    (256, 8192),
-]
+DECODE = [(1, 8192), (8, 2048), (64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 PREFILL = [4096, 16384]
+DECODE_CONFIGS = [
+    AttentionConfig(16, t, w, s)
+    for t, w, s in [
+        *itertools.product((32, 64, 128), (4, 8), (2, 3)),
+        (128, 2, 2), (64, 2, 2), (128, 4, 4), (256, 8, 2),
+    ]
+]  # fmt: skip
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
 
 
-def _graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return do_bench(g.replay, warmup=10, rep=40, return_mode="median")
-
-
-def _case(shape: str, batch: int, ctx: int, q_len: int, dtype, block: int = 16):
+def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
+    """Per-layer caches (enough layers to exceed L2) with random block tables."""
     hq, hkv, d = SHAPES[shape]
     per_seq = -(-ctx // block)
-    k = torch.randn(batch * per_seq, block, hkv, d, dtype=dtype, device="cuda")
-    v = torch.randn_like(k)
-    table = torch.randperm(batch * per_seq, device="cuda").view(batch, per_seq).to(torch.int32)
-    q = torch.randn(batch * q_len, hq, d, dtype=dtype, device="cuda")
+    kv_bytes = 2 * batch * per_seq * block * hkv * d * torch.finfo(dtype).bits // 8
+    pools = []
+    for _ in range(num_layers(kv_bytes)):
+        k = torch.randn(batch * per_seq, block, hkv, d, dtype=dtype, device="cuda")
+        perm = torch.randperm(batch * per_seq, device="cuda")
+        pools.append((k, torch.randn_like(k), perm.view(batch, per_seq).to(torch.int32)))
+    q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
-    return q, k, v, table, lens, cu, d**-0.5
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    return q, pools, lens, cu, d**-0.5
 
 
-def splits_for(waves: int, batch: int, hkv: int, ctx: int, sms: int) -> int:
-    wanted = math.ceil(waves * sms / (batch * hkv))
-    return max(1, min(wanted, math.ceil(ctx / MIN_SPLIT_TOKENS), MAX_SPLITS))
+def _stack_ms(case, ctx: int, splits: int | None, cfg: AttentionConfig) -> float:
+    """Milliseconds per call of a graph of per-layer calls (see `kernels.bench`)."""
+    q, pools, lens, cu, scale = case
+    calls = [
+        functools.partial(paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg)
+        for k, v, t in pools
+    ]
+    return _per_call_ms(calls)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--prefill", action="store_true", help="also sweep the prefill configs")
     a = p.parse_args()
-    dtype, sms = torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count
+    dtype = torch.bfloat16
     rows: list[dict] = []
-    decode_cfgs = [
-        AttentionConfig(16, t, w, s)
-        for t, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4))
-    ]
-    decode_cases = [(s, b, c) for s in SHAPES for b, c in DECODE]
-    for shape, batch, ctx in decode_cases:
-        call = _call(shape, batch, ctx, 1, dtype)
-        for cfg in decode_cfgs:
-            ms = _graph_ms(functools.partial(call, None, cfg))
-            rows.append(
-                {
-                    "phase": "decode",
-                    "shape": shape,
-                    "batch": batch,
-                    "ctx": ctx,
-                    "cfg": cfg.__dict__,
-                    "waves": "policy",
-                    "ms": ms,
-                }
-            )
-        del call
+    a.out.mkdir(parents=True, exist_ok=True)
+    for shape, (batch, ctx) in itertools.product(SHAPES, DECODE):
+        case = _pools(shape, batch, ctx, dtype)
+        key = {"phase": "decode", "shape": shape, "batch": batch, "ctx": ctx}
+        for cfg in DECODE_CONFIGS:
+            try:
+                ms = _stack_ms(case, ctx, None, cfg)
+            except Exception as e:  # e.g. out of shared memory: not a candidate
+                ms = None
+                print(f"decode {cfg}: {type(e).__name__}")
+            rows.append({**key, "cfg": cfg.__dict__, "splits": "policy", "ms": ms})
+        mine = [r for r in rows if r["phase"] == "decode" and r["ms"] is not None]
+        top = sorted((r for r in mine if r["shape"] == shape and r["batch"] == batch
+                      and r["ctx"] == ctx), key=lambda r: r["ms"])[:2]  # fmt: skip
+        if batch <= 64:
+            for r, n in itertools.product(top, SPLITS):
+                ms = _stack_ms(case, ctx, n, AttentionConfig(**r["cfg"]))
+                rows.append({**key, "phase": "splits", "cfg": r["cfg"], "splits": n, "ms": ms})
+        del case
         torch.cuda.empty_cache()
-    best = _ranked([r for r in rows if r["phase"] == "decode"])[:3]
-    for shape, batch, ctx in decode_cases:
-        call = _call(shape, batch, ctx, 1, dtype)
-        for cfg_d, waves in itertools.product(best, (1, 2, 4, 8)):
-            n = splits_for(waves, batch, SHAPES[shape][1], ctx, sms)
-            ms = _graph_ms(functools.partial(call, n, AttentionConfig(**cfg_d)))
-            rows.append(
-                {
-                    "phase": "waves",
-                    "shape": shape,
-                    "batch": batch,
-                    "ctx": ctx,
-                    "cfg": cfg_d,
-                    "waves": waves,
-                    "splits": n,
-                    "ms": ms,
-                }
-            )
-        del call
-        torch.cuda.empty_cache()
+        _write(a.out, rows)
+    if a.prefill:
+        _prefill(rows, dtype)
+    print(json.dumps(_write(a.out, rows), indent=1))
+
+
+def _write(out: Path, rows: list[dict]) -> dict:
+    decode = [r for r in rows if r["phase"] == "decode"]
+    summary = {
+        "decode_best_configs": _ranked(decode)[:5],
+        "best_per_shape": _best_per_shape(rows),
+        "prefill_best_configs": _ranked([r for r in rows if r["phase"] == "prefill"])[:5],
+    }
+    (out / "sweep.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    return summary
+
+
+def _best_per_shape(rows: list[dict]) -> list[dict]:
+    best: dict = {}
+    for r in rows:
+        if r["phase"] in ("decode", "splits") and r["ms"] is not None:
+            key = (r["shape"], r["batch"], r["ctx"])
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = r
+    return list(best.values())
+
+
+def _prefill(rows: list[dict], dtype) -> None:
     prefill_cfgs = [
         AttentionConfig(m, t, w, s)
         for m, t, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
@@ -124,14 +133,18 @@ def main() -> None:
             rows.append(
                 {"phase": "prefill", "shape": shape, "q_len": n, "cfg": cfg.__dict__, "ms": ms}
             )
-    summary = {
-        "decode_best_configs": _ranked([r for r in rows if r["phase"] == "decode"])[:5],
-        "waves": _wave_table(rows),
-        "prefill_best_configs": _ranked([r for r in rows if r["phase"] == "prefill"])[:5],
-    }
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "sweep.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    print(json.dumps(summary, indent=1))
+
+
+def _case(shape: str, batch: int, ctx: int, q_len: int, dtype, block: int = 16):
+    hq, hkv, d = SHAPES[shape]
+    per_seq = -(-ctx // block)
+    k = torch.randn(batch * per_seq, block, hkv, d, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    table = torch.randperm(batch * per_seq, device="cuda").view(batch, per_seq).to(torch.int32)
+    q = torch.randn(batch * q_len, hq, d, dtype=dtype, device="cuda")
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
+    return q, k, v, table, lens, cu, d**-0.5
 
 
 def _call(shape: str, batch: int, ctx: int, q_len: int, dtype):
@@ -155,14 +168,6 @@ def _ranked(rows: list[dict]) -> list[dict]:
     full = [k for k, v in score.items() if len(v) == len(by_shape)]
     full.sort(key=lambda k: math.prod(score[k]) ** (1 / len(score[k])))
     return [json.loads(k) for k in full]
-
-
-def _wave_table(rows: list[dict]) -> list[dict]:
-    out = []
-    for r in rows:
-        if r["phase"] == "waves":
-            out.append({k: r[k] for k in ("shape", "batch", "ctx", "cfg", "waves", "splits", "ms")})
-    return out
 
 
 if __name__ == "__main__":

@@ -36,18 +36,23 @@ def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
         return result
 
     for _ in range(steps):
-        out = timed("schedule", sched.schedule)
-        runner.staging.begin_step()
-        batch = timed("prepare inputs", runner._prepare, out)
-        graph = runner.graphs[batch.graph].graph if batch.graph else None
-        if graph is not None:
-            timed("graph replay", graph.replay)
-        hidden = runner.graphs[batch.graph].hidden if batch.graph else None
-        logits = timed("logits", runner.model.compute_logits, hidden[: len(out.seqs)])
-        params = [s.sampling_params for s in out.seqs]
-        sampled = timed("sample", runner.sampler, logits, params, [None] * len(params))
-        timed("update", sched.update, out, [[t] for t in sampled.token_ids])
+        _host_phase_step(sched, runner, timed)
     return total
+
+
+@torch.inference_mode()  # as the runner prepares its inputs (its buffers are inference tensors)
+def _host_phase_step(sched, runner, timed) -> None:
+    out = timed("schedule", sched.schedule)
+    runner.staging.begin_step()
+    batch = timed("prepare inputs", runner._prepare, out)
+    graph = runner.graphs[batch.graph].graph if batch.graph else None
+    if graph is not None:
+        timed("graph replay", graph.replay)
+    hidden = runner.graphs[batch.graph].hidden if batch.graph else None
+    logits = timed("logits", runner.model.compute_logits, hidden[: len(out.seqs)])
+    params = [s.sampling_params for s in out.seqs]
+    sampled = timed("sample", runner.sampler, logits, params, [None] * len(params))
+    timed("update", sched.update, out, [[t] for t in sampled.token_ids])
 
 
 def _profile(llm: LLM, steps: int) -> str:

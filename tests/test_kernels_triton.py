@@ -22,7 +22,7 @@ from tests.test_kernels_reference import naive_attention
 
 triton = pytest.importorskip("triton")
 
-from kernels import configs, reference, triton_kv  # noqa: E402
+from kernels import configs, reference, triton_kv, triton_sample  # noqa: E402
 from kernels import triton_attention as ta  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -258,6 +258,40 @@ def test_interp_write_kv_matches_reference(dtype: torch.dtype, fused_kv: bool) -
     assert int(torch.isnan(caches[0]).all(-1).all(-1).logical_not().sum()) == 5
 
 
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("vocab", [1000, 1024, 3001])
+def test_interp_sample_temperature_matches_reference(dtype: torch.dtype, vocab: int) -> None:
+    """The fused sampler picks the reference's token (float64 CDF in vocabulary order), also
+    at u = 0 and u just under 1, past whole chunks of -inf and a row with one live token."""
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(12, vocab, generator=gen) * 3).to(dtype)
+    logits[3, : vocab - 9] = float("-inf")  # whole chunks without mass before the live tail
+    logits[5, 100:] = float("-inf")
+    logits[6] = float("-inf")
+    logits[6, vocab // 2] = 0.0  # one live token
+    u = torch.rand(12, generator=gen)
+    u[0], u[1], u[3] = 0.0, 1 - 2**-24, 1 - 2**-24
+    for t in (0.6, 1.0, 2.5):
+        got = triton_sample.sample_temperature(logits, t, u)
+        torch.testing.assert_close(got, reference.sample_temperature(logits, t, u), rtol=0, atol=0)
+        assert torch.isfinite(logits[torch.arange(12), got]).all()  # never a zero probability
+        assert int(got[6]) == vocab // 2
+
+
+@interp
+def test_interp_sample_temperature_frequencies() -> None:
+    """Drawn over many uniforms, the fused sampler's tokens follow softmax(logits / t)."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, float("-inf")] + [-30.0] * 1100])
+    t, n = 0.8, 4000
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # an even grid of uniforms
+    got = triton_sample.sample_temperature(logits.expand(n, -1), t, u.float())
+    freq = torch.bincount(got, minlength=logits.shape[1]).double() / n
+    probs = torch.softmax(logits[0].double() / t, dim=-1)
+    assert float((freq - probs).abs().max()) < 2 / n + 1e-9
+    assert int(freq[4]) == 0
+
+
 # --- no interpreter: split policy, dispatch, cross-compilation -------------------------------
 
 
@@ -295,7 +329,7 @@ def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc
     sig = {}
     for name in fn.arg_names:  # type: ignore[attr-defined]
         sig[name] = "constexpr" if name in consts else pointers.get(name, "i32")
-    sig.update({k: "fp32" for k in sig if k == "qk_scale"})
+    sig.update({k: "fp32" for k in sig if k in ("qk_scale", "temperature")})
     target = GPUTarget("cuda", cc, 32)
     options = triton.compiler.make_backend(target).parse_options(cfg)
     return triton.compile(ASTSource(fn, sig, consts), target=target, options=options.__dict__)
@@ -349,3 +383,17 @@ def test_fp32_test_path_and_write_kv_compile(cc: int) -> None:
     ptrs["slot_ptr"] = "*i64"
     consts = dict(BLOCK_SIZE=16, NUM_KV_HEADS=3, HEAD_DIM=64, H_PAD=4, D_PAD=64)
     _compile(triton_kv._write_kv, ptrs, consts, cc, {"num_warps": 1})
+
+
+@compiled
+@pytest.mark.parametrize("cc", [75, 90])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32", "bf16"])
+def test_sampling_kernels_compile(cc: int, dtype: str) -> None:
+    if cc == 75 and dtype == "bf16":
+        pytest.skip("no bfloat16 on Turing")
+    ptrs = {"logits_ptr": f"*{dtype}", "max_ptr": "*fp32", "sum_ptr": "*fp64"}
+    consts = {"CHUNK": triton_sample.CHUNK}
+    _compile(triton_sample._chunk_stats, ptrs, consts, cc, {"num_warps": 4})
+    ptrs.update(u_ptr="*fp32", out_ptr="*i64")
+    consts["CHUNKS_PAD"] = 256
+    _compile(triton_sample._pick, ptrs, consts, cc, {"num_warps": 8})

@@ -129,7 +129,8 @@ class PagedRun:
         )  # fmt: skip
         ids_t, pos_t = torch.tensor(ids, device=dev), torch.tensor(pos, device=dev)
         with torch.no_grad():
-            logits = self.model.compute_logits(self.model(ids_t, pos_t, self.caches, meta)).cpu()
+            hidden = self.model(ids_t, pos_t, self.caches, meta)
+            logits = self.model.compute_logits(hidden).float().cpu()
         for (seq, n), rows in zip(work.items(), logits.split(list(work.values())), strict=True):
             self.done[seq] += n
             self.logits[seq].extend(rows)

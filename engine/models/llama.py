@@ -150,8 +150,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """Float32 logits `[rows, vocab]` of the rows that sample."""
-        return F.linear(hidden, self.lm_head.weight).float()
+        """Logits `[rows, vocab]` of the rows that sample, in the model's dtype: the sampler
+        reads them as they are (argmax, the fused temperature kernel) or upcasts to float32."""
+        return F.linear(hidden, self.lm_head.weight)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, cast to the model's dtype and device.

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Call 3 of session 3: the decode step with the fused sampler, the attention pool diagnostic,
+# and the layer-stacked decode config sweep.
+timeout 200 python3 -m pagedctl.bench_step --batch 256 --num-scheduler-steps 1 8 --profile --out "$OUT" > "$OUT/step.log" 2>&1
+grep -A1 "^batch" "$OUT/step.log"
+timeout 60 python3 scripts/device/attn_pool.py 2>&1 | tail -4
+timeout 280 python3 -m kernels.sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
+python3 - <<'P'
+import json, os
+s = json.load(open(os.environ["OUT"] + "/sweep.json"))["summary"]
+print("best configs:", s["decode_best_configs"][:3])
+for r in s["best_per_shape"]:
+    print(r["shape"], r["batch"], r["ctx"], r["cfg"]["tile_n"], r["cfg"]["num_warps"], r["cfg"]["num_stages"], r["splits"], round(r["ms"] * 1e3, 1))
+P
