@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 3 of session 3: the decode step with the fused sampler, the attention pool diagnostic,
+# The decode step against its floor (1 and 8 steps a window), the attention pool diagnostic
 # and the layer-stacked decode config sweep.
 timeout 200 python3 -m pagedctl.bench_step --batch 256 --num-scheduler-steps 1 8 --profile --out "$OUT" > "$OUT/step.log" 2>&1
 grep -A1 "^batch" "$OUT/step.log"
