@@ -13,7 +13,7 @@ from pagedctl import __version__
 from pagedctl.capacity.cmd import bench_capacity_sim, capacity
 from pagedctl.generate_cmd import generate
 from pagedctl.models_cmd import models_app
-from pagedctl.sweep_cmd import sweep
+from pagedctl.sweep.cmd import sweep
 
 app = typer.Typer(
     name="pagedctl",

@@ -1,0 +1,320 @@
+"""`pagedctl sweep`: flags and recipe in; tables and files (JSON, CSV, Markdown, PNG) out."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pagedctl.recipes import RecipeError
+from pagedctl.sweep.recipe import (
+    SweepRecipe,
+    add_axes,
+    grid_recipe,
+    load_sweep_recipe,
+    scale_recipe,
+)
+from pagedctl.sweep.report import rich_comparisons, rich_table, to_doc, write_outputs
+from pagedctl.sweep.run import PointResult, SweepError, engine_info, load_engine, run_sweep
+from pagedctl.sweep.settings import check_value, check_warmup, merge_workload, parse_axes
+
+console = Console()
+PLOT_HINT = "--plot needs matplotlib: pip install 'pagedctl[plot]' (or pip install matplotlib)"
+
+
+def _axis(flag: str, key: str, text: str | None) -> list[tuple[str, str, list[Any]]]:
+    """A comma-separated axis flag as one axis, values typed like the recipe's."""
+    if text is None:
+        return []
+    values: list[Any] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        values.append(_typed(part))
+    if not values:
+        raise typer.BadParameter(f"{flag} needs at least one value, got {text!r}")
+    try:
+        return parse_axes(flag, {key: values})
+    except RecipeError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _typed(text: str) -> Any:
+    """'16' -> 16, '0.5' -> 0.5, '64-256' -> [64, 256], anything else stays text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    low, sep, high = text.partition("-")
+    if sep and low.isdigit() and high.isdigit():
+        return [int(low), int(high)]
+    return text
+
+
+def _generic_axes(specs: list[str] | None) -> list[tuple[str, str, list[Any]]]:
+    axes = []
+    for spec in specs or []:
+        key, sep, values = spec.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--axis takes KEY=V1,V2,...; got {spec!r}")
+        axes += _axis("--axis", key.strip(), values)
+    return axes
+
+
+def _length_flag(flag: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    value = _typed(text.strip())
+    try:
+        check_value(flag, "prompt_len", value)
+    except RecipeError as e:
+        raise typer.BadParameter(str(e)) from None
+    return value
+
+
+def sweep(
+    recipe: Path | None = typer.Option(
+        None, "--recipe", help="Sweep recipe (YAML), e.g. recipes/seed-block-size.yaml."
+    ),
+    input: Path | None = typer.Option(
+        None, "--input", help="Workload from a JSONL file (the formats of `generate`)."
+    ),
+    block_size: str | None = typer.Option(
+        None, "--block-size", help="Axis: KV block sizes in tokens, e.g. 16,32,64."
+    ),
+    gpu_mem: str | None = typer.Option(
+        None, "--gpu-mem", help="Axis (CUDA): fractions of total device memory, e.g. 0.5,0.9."
+    ),
+    num_blocks: str | None = typer.Option(
+        None, "--num-blocks", help="Axis: exact KV pool sizes in blocks (preemption studies)."
+    ),
+    max_num_seqs: str | None = typer.Option(
+        None, "--max-num-seqs", help="Axis: most sequences running at once."
+    ),
+    max_num_batched_tokens: str | None = typer.Option(
+        None, "--max-num-batched-tokens", help="Axis: token budget of one step."
+    ),
+    prefix_caching: str | None = typer.Option(
+        None, "--prefix-caching", help="Axis: prefix cache on,off."
+    ),
+    kv_cache_memory: str | None = typer.Option(
+        None, "--kv-cache-memory", help="Axis: KV cache sizes, e.g. 1GiB,2GiB."
+    ),
+    axis: list[str] | None = typer.Option(
+        None, "--axis", help="Any other axis, KEY=V1,V2: an engine setting or a workload key."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Model (default: recipe's, else bundled SmolLM2-135M-Instruct)."
+    ),
+    load_format: str | None = typer.Option(
+        None, help="auto or dummy (random weights) (default: auto)."
+    ),
+    dtype: str | None = typer.Option(
+        None, help="auto, float32, float16 or bfloat16 (default: auto)."
+    ),
+    device: str | None = typer.Option(None, help="auto, cpu or cuda[:N] (default: auto)."),
+    max_model_len: int | None = typer.Option(None, min=1, help="Longest sequence in tokens."),
+    num_requests: int | None = typer.Option(
+        None, min=1, help="Synthetic workload: requests (default: 64)."
+    ),
+    prompt_len: str | None = typer.Option(
+        None, help="Synthetic workload: prompt tokens, N or LOW-HIGH (uniform) (default: 64-256)."
+    ),
+    output_len: str | None = typer.Option(
+        None,
+        help="Synthetic workload: output tokens (EOS ignored), N or LOW-HIGH (default: 64-256).",
+    ),
+    max_tokens: int | None = typer.Option(
+        None, min=1, help="--input: max_tokens of a line that gives none (default: 256)."
+    ),
+    ignore_eos: bool | None = typer.Option(
+        None, "--ignore-eos/--honour-eos", help="--input: run every line to its max_tokens."
+    ),
+    repeats: int | None = typer.Option(
+        None, min=1, help="Timed runs per point: min / median / max (default: recipe's, else 3)."
+    ),
+    warmup: str | None = typer.Option(
+        None,
+        "--warmup",
+        help="Untimed run per point first: short (answers cut to 8 tokens), full (the timed run "
+        "itself) or off (default: recipe's, else short).",
+    ),
+    scale: float = typer.Option(
+        1.0,
+        min=0.0001,
+        help="Scale token counts (lengths, pools) by this factor: --scale 0.05 runs a seed "
+        "recipe on a CPU; figures are then not the seed's.",
+    ),
+    experiment: list[str] | None = typer.Option(
+        None, "--experiment", help="Run only this experiment of the recipe (repeatable)."
+    ),
+    out: Path = typer.Option(Path("results"), "--out", help="Folder for the result files."),
+    name: str | None = typer.Option(
+        None, "--name", help="File stem of the results (default: recipe's name, else 'sweep')."
+    ),
+    plot: bool = typer.Option(False, "--plot", help="Also write PNG plots (needs matplotlib)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final tables."),
+) -> None:
+    """Run one workload under every combination of engine settings; tables and files out.
+
+    The model is loaded once; per point the KV pool and scheduler are rebuilt, a short untimed
+    warm-up runs, then --repeats timed runs (prefix cache emptied before each). Per point:
+    requests/s, output and total tok/s, wall time, preemptions, recomputed tokens, prefix-cache
+    hit rate, peak and mean KV usage, internal waste and steps, as min / median / max over the
+    repeats. A point that fails (a block size the kernel does not take, an impossible pool) is
+    a row with its reason. Writes <name>.md, .csv and .json (and with --plot .png) to --out.
+    Exit status 0, or 1 when every point failed.
+    """
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise typer.BadParameter(PLOT_HINT) from None
+    axes = (
+        _axis("--block-size", "block_size", block_size)
+        + _axis("--gpu-mem", "gpu_mem", gpu_mem)
+        + _axis("--num-blocks", "num_blocks", num_blocks)
+        + _axis("--max-num-seqs", "max_num_seqs", max_num_seqs)
+        + _axis("--max-num-batched-tokens", "max_num_batched_tokens", max_num_batched_tokens)
+        + _axis("--prefix-caching", "prefix_caching", prefix_caching)
+        + _axis("--kv-cache-memory", "kv_cache_memory", kv_cache_memory)
+        + _generic_axes(axis)
+    )
+    workload: dict[str, Any] = {}
+    if input is not None:
+        workload = {"kind": "file", "input": str(input)}
+        workload.update({k: v for k, v in (("max_tokens", max_tokens), ("ignore_eos", ignore_eos))
+                         if v is not None})  # fmt: skip
+    synthetic = {
+        "num_requests": num_requests,
+        "prompt_len": _length_flag("--prompt-len", prompt_len),
+        "output_len": _length_flag("--output-len", output_len),
+    }
+    synthetic = {k: v for k, v in synthetic.items() if v is not None}
+    if input is not None and synthetic:
+        raise typer.BadParameter("--input takes its requests from the file; drop " + ", ".join(
+            "--" + k.replace("_", "-") for k in synthetic))  # fmt: skip
+    if warmup is not None:
+        try:
+            warmup = check_warmup("--warmup", warmup)
+        except RecipeError as e:
+            raise typer.BadParameter(str(e)) from None
+    top = {
+        "model": model,
+        "load_format": load_format,
+        "dtype": dtype,
+        "device": device,
+        "repeats": repeats,
+        "warmup": warmup,
+    }
+    top = {k: v for k, v in top.items() if v is not None}
+    engine = {} if max_model_len is None else {"max_model_len": max_model_len}
+    try:
+        spec = _recipe(recipe, axes, {**workload, **synthetic}, engine, top, experiment)
+        scale_recipe(spec, scale)
+    except RecipeError as e:
+        raise typer.BadParameter(str(e)) from None
+    if name is not None:
+        spec.name = name
+    _run(spec, out, plot, quiet)
+
+
+def _recipe(
+    path: Path | None,
+    axes: list,
+    workload: dict[str, Any],
+    engine: dict[str, Any],
+    top: dict[str, Any],
+    only: list[str] | None,
+) -> SweepRecipe:
+    if path is None:
+        if only:
+            raise RecipeError("--experiment needs --recipe")
+        return grid_recipe(axes, workload, engine, name="sweep", **top)
+    spec = load_sweep_recipe(path)
+    if only:
+        known = [e.name for e in spec.experiments]
+        missing = sorted(set(only) - set(known))
+        if missing:
+            raise RecipeError(f"no experiment {missing} in {path}; it has {', '.join(known)}")
+        spec.experiments = [e for e in spec.experiments if e.name in only]
+    for key, value in top.items():
+        setattr(spec, key, value)
+    for exp in spec.experiments:
+        exp.points = [
+            dataclasses.replace(
+                p,
+                engine={**p.engine, **engine},
+                workload=merge_workload(p.workload, workload),
+            )
+            for p in exp.points
+        ]
+    add_axes(spec, axes)
+    return spec
+
+
+def _run(spec: SweepRecipe, out: Path, plot: bool, quiet: bool) -> None:
+    from pagedctl.envinfo import environment
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    total = sum(len(e.points) for e in spec.experiments)
+    say = (lambda *_: None) if quiet else (lambda text: console.print(text, highlight=False))
+    say(f"sweep {spec.name}: {total} points x {spec.repeats} repeats; loading the model ...")
+    try:
+        llm = load_engine(spec)
+    except SweepError as e:
+        Console(stderr=True).print(f"error: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    info = engine_info(llm)
+    where = info.get("gpu") or info["device"]
+    say(f"{info['model']} ({info['load_format']}, {info['dtype']}) on {where}")
+
+    def progress(exp: str, r: PointResult) -> None:
+        say(f"[{exp}] {r.point.label or 'default'}: " + _progress(r))
+
+    try:
+        result = run_sweep(spec, llm, progress)
+    except RecipeError as e:  # a workload that cannot be drawn or read
+        Console(stderr=True).print(f"error: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    command = "pagedctl " + shlex.join(sys.argv[1:])
+    doc = to_doc(result, command, {**environment(), **result.engine_info})
+    for exp in doc["experiments"]:
+        _print_wide(rich_table(exp, doc))
+        if exp["comparisons"]:
+            _print_wide(rich_comparisons(exp))
+    for path in write_outputs(doc, out, spec.name, plot):
+        say(f"wrote {path}")
+    if all(p["status"] != "ok" for e in doc["experiments"] for p in e["points"]):
+        raise typer.Exit(1)
+
+
+def _print_wide(t: Table) -> None:
+    """A table; into a pipe or a file at its natural width rather than squeezed into 80 columns."""
+    if console.is_terminal:
+        console.print(t)
+    else:
+        natural = console.measure(t, options=console.options.update_width(10_000)).maximum
+        Console(width=max(console.width, natural)).print(t)
+
+
+def _progress(r: PointResult) -> str:
+    if r.status != "ok":
+        return f"failed: {r.error}"
+    s = r.summary()
+    parts = [f"{s['output_tok_s']['median']:,.0f} out tok/s"]
+    spread = r.spread("output_tok_s")
+    if spread is not None and len(r.runs) > 1:
+        parts[-1] += f" (spread {spread:.1%})"
+    parts.append(f"{s['wall_s']['median']:.2f} s")
+    parts.append(f"{s['preemptions']['median']:,.0f} preemptions")
+    parts.append(f"{r.memory['num_blocks']:,} blocks of {r.memory['block_size']}")
+    return ", ".join(parts)
