@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from kernels.configs import lookup
 from kernels.triton_attention import _device_info, choose_num_splits, paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
@@ -102,9 +104,9 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
         for identity in (False, True)
     }
 
-    def calls(identity: bool, splits: int | None = None):
+    def calls(identity: bool, splits: int | None = None, cfg=None):
         return [
-            lambda k=k, v=v, t=t: paged_attention(q, k, v, t, lens, cu, 1, ctx, scale, splits)
+            lambda k=k, v=v, t=t: paged_attention(q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg)
             for k, v, t in pools[identity]
         ]
 
@@ -112,6 +114,10 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     row["ms_identity"] = _per_call_ms(calls(True))
     row["ms_one_split"] = _per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
+    capability, sms = _device_info(device)
+    if choose_num_splits(batch, hkv, ctx, sms) > 1:  # the same splits, merged in the last one
+        fused = replace(lookup(capability, "decode", d), fused_combine=True)
+        row["ms_fused_combine"] = _per_call_ms(calls(False, None, fused))
     row["ms_splits"] = {str(n): _per_call_ms(calls(False, n)) for n in scan_splits}
     row["bytes"] = kv_bytes + 2 * q.nbytes
     row["bw_fraction"] = row["bytes"] / (row["ms_random"] * 1e-3) / bandwidth
@@ -199,21 +205,23 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         "",
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
         "(as a decode step replays them; `layers` in the JSON); eager: one call launched from "
-        "Python each time.",
+        "Python each time; fused combine: the same split count with `fused_combine` (the last "
+        "split merges, no second launch), `-` where one split is chosen.",
         "",
         "| shape | batch | ctx | block | us | eager us | % of copy bw | paging overhead "
-        "| split speedup | SDPA us | flex us |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| split speedup | fused combine us | SDPA us | flex us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     peer_of = {(r["shape"], r["batch"], r["context"]): r for r in peer_rows}
     for r in decode:
         pr = peer_of[(r["shape"], r["batch"], r["context"])]
         flex = "n/a" if pr["ms_flex"] is None else f"{pr['ms_flex'] * 1e3:.1f}"
+        fused = f"{r['ms_fused_combine'] * 1e3:.1f}" if "ms_fused_combine" in r else "-"
         lines.append(
             f"| {r['shape']} | {r['batch']} | {r['context']} | {r['block']} | "
             f"{r['ms_random'] * 1e3:.1f} | {r['ms_eager'] * 1e3:.1f} | {r['bw_fraction']:.0%} | "
             f"{r['paging_overhead']:+.1%} | "
-            f"{r['split_speedup']:.1f}x | {pr['ms_sdpa'] * 1e3:.1f} | {flex} |"
+            f"{r['split_speedup']:.1f}x | {fused} | {pr['ms_sdpa'] * 1e3:.1f} | {flex} |"
         )
     lines += [
         "",

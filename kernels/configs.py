@@ -8,7 +8,7 @@ entries are the design notes' starting points (no sm_80 or sm_75 card has been l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SM75_SHARED_LIMIT = 64 * 1024  # bytes of shared memory one program may use on Turing
 
@@ -23,6 +23,9 @@ class AttentionConfig:
         tile_n: KV positions per loop iteration (may span several cache blocks).
         num_warps, num_stages: Triton launch parameters.
         min_rows: smallest row count of a decode program (tensor-core GPUs pad to 16 anyway).
+        fused_combine: split-KV decode merges its partials in the last split program to finish
+            (an atomic counter per sequence and KV head) instead of a second kernel launch.
+            Off in every shipped config until the H200 A/B (`kernels.bench --fused-combine`).
     """
 
     block_m: int
@@ -30,6 +33,7 @@ class AttentionConfig:
     num_warps: int
     num_stages: int
     min_rows: int = 16
+    fused_combine: bool = False
 
 
 # (family, phase) -> config for head_dim <= 128; head_dim > 128 halves the tiles (see `lookup`).
@@ -66,5 +70,5 @@ def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> Att
     if head_dim > 128:
         tile_n = max(16, cfg.tile_n // 2)
         block_m = max(16, cfg.block_m // 2)
-        return AttentionConfig(block_m, tile_n, cfg.num_warps, cfg.num_stages, cfg.min_rows)
+        return replace(cfg, block_m=block_m, tile_n=tile_n)
     return cfg

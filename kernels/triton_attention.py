@@ -5,7 +5,9 @@ head (rows `m -> (token m // GROUP, head m % GROUP)`), so each K/V tile is loade
 It walks the sequence's KV positions `TILE_N` at a time through the block table (a tile may span
 several cache blocks), with an online softmax in float32. Decode batches may split each
 sequence's KV range over `NUM_SPLITS` programs (flash-decoding); a small combine kernel merges
-the partial results. Same contract as `kernels.reference.paged_attention`.
+the partial results (or, with `AttentionConfig.fused_combine`, the last split of each sequence and
+KV head to finish merges them in the same launch, counted by an atomic counter).
+Same contract as `kernels.reference.paged_attention`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _find_seq(cu_q_ptr, qblock, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr,
     num_seqs, qk_scale,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
@@ -49,7 +51,7 @@ def _attn_fwd(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -84,6 +86,12 @@ def _attn_fwd(
         per_split = tl.cdiv(num_tiles, NUM_SPLITS)
         tile_lo = split * per_split
         tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+        if FUSED_COMBINE and num_tiles == 0 and split == 0:
+            # A length-0 row (a decode graph's padding) has no split to merge: zeros, as the
+            # combine kernel writes them.
+            o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+            zero = tl.zeros([BLOCK_M, D_PAD], tl.float32).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + o_off, zero, mask=row_ok[:, None] & d_ok[None, :])
         if tile_lo >= tile_hi:
             return
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -121,6 +129,20 @@ def _attn_fwd(
         tl.store(m_ws_ptr + ws + rows, m_i)
         tl.store(l_ws_ptr + ws + rows, l_i)
         tl.store(acc_ws_ptr + (ws + rows)[:, None] * D_PAD + d[None, :], acc)
+        if FUSED_COMBINE:
+            # The last split of this (sequence, KV head) to finish merges all of them, so no
+            # second launch: every thread's stores are issued (barrier), then one acq_rel atomic
+            # at GPU scope publishes them and tells this program whether it came last.
+            tl.debug_barrier()
+            active = tl.cdiv(num_tiles, per_split)
+            counter = counter_ptr + seq * tl.num_programs(1) + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
+                tl.store(counter, 0)  # ready for the next call (the next layer, the next step)
+                _merge_splits(
+                    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, seq, kvh, tl.num_programs(1),
+                    q_begin, q_len, active, stride_ot, stride_oh, stride_od,
+                    GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M, NUM_SPLITS,
+                )  # fmt: skip
 
 
 @triton.jit
@@ -141,13 +163,31 @@ def _combine_splits(
     # (a length-0 row, a decode graph's padding, has none and comes out as zeros)
     num_tiles = tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N)
     active = tl.cdiv(num_tiles, tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), 1))
+    _merge_splits(
+        out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, seq, kvh, tl.num_programs(1), q_begin, q_len,
+        active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M,
+        NUM_SPLITS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _merge_splits(
+    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, seq, kvh, num_kv_heads, q_begin, q_len, active,
+    stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """Merge the first `active` splits' partial softmax states of one (sequence, KV head) and
+    store the output rows. Partials are read at L2 (`.cg`): in the fused path other programs
+    wrote them during this launch."""
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
-    base = (seq.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS * BLOCK_M
+    base = (seq.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
     m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(NUM_SPLITS):
         live = tl.full([BLOCK_M], s, tl.int32) < active
-        m_s = tl.load(m_ws_ptr + base + s * BLOCK_M + rows, mask=live, other=float("-inf"))
+        m_at = m_ws_ptr + base + s * BLOCK_M + rows
+        m_s = tl.load(m_at, mask=live, other=float("-inf"), cache_modifier=".cg")
         m_max = tl.maximum(m_max, m_s)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     total = tl.zeros([BLOCK_M], tl.float32)
@@ -155,11 +195,13 @@ def _combine_splits(
     for s in range(NUM_SPLITS):
         row_at = base + s * BLOCK_M + rows
         live = tl.full([BLOCK_M], s, tl.int32) < active
-        m_s = tl.load(m_ws_ptr + row_at, mask=live, other=float("-inf"))
+        m_s = tl.load(m_ws_ptr + row_at, mask=live, other=float("-inf"), cache_modifier=".cg")
         w = tl.exp2(m_s - m_max)
-        total += w * tl.load(l_ws_ptr + row_at, mask=live, other=0.0)
+        l_s = tl.load(l_ws_ptr + row_at, mask=live, other=0.0, cache_modifier=".cg")
+        total += w * l_s
         part_at = acc_ws_ptr + row_at[:, None] * D_PAD + d[None, :]
-        part = tl.load(part_at, mask=live[:, None] & (d < D_PAD)[None, :], other=0.0)
+        part_ok = live[:, None] & (d < D_PAD)[None, :]
+        part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
         acc += w[:, None] * part
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     tok = rows // GROUP
@@ -178,6 +220,25 @@ def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
         return None, 8
     props = torch.cuda.get_device_properties(device)
     return (props.major, props.minor), props.multi_processor_count
+
+
+_COUNTERS: dict[torch.device, Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> Tensor:
+    """Zeroed int32 arrival counters, one per (sequence, KV head), for the fused combine.
+
+    Each call leaves them zero again (the merging program resets its counter), so one buffer per
+    device serves every call. It grows outside CUDA-graph capture only; a capture that needs
+    more gets a fresh zeroed buffer of its own (the zero-fill is then part of the graph).
+    """
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(n, dtype=torch.int32, device=device)
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
@@ -235,6 +296,7 @@ def paged_attention(
     if decode:
         splits = num_splits or choose_num_splits(num_seqs, num_kv_heads, max_seqlen_k, num_sms)
     d_pad = max(16, triton.next_power_of_2(head_dim))
+    fused = splits > 1 and cfg.fused_combine
     if splits > 1:
         ws = (num_seqs, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
@@ -242,18 +304,19 @@ def paged_attention(
         l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
     else:
         acc_ws = m_ws = l_ws = out  # never touched
+    counters = _split_counters(q.device, num_seqs * num_kv_heads) if fused else out
     grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_Q=block_q, BLOCK_M=block_m)
     consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=splits)
     _attn_fwd[(grid0, num_kv_heads, splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
-        num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
+        counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0),
-        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock,
+        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not fused:
         _combine_splits[(num_seqs, num_kv_heads)](
             out, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws, *out.stride(), **consts
         )

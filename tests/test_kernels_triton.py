@@ -214,6 +214,38 @@ def test_interp_head_dims_padded_or_large(head_dim: int) -> None:
 
 
 @interp
+@pytest.mark.parametrize("splits", [2, 5, 12])  # 12 > tiles of every sequence
+@pytest.mark.parametrize("heads", [(14, 2), (9, 3)])
+def test_interp_fused_combine_merges_in_the_last_split(
+    monkeypatch: pytest.MonkeyPatch, heads: tuple[int, int], splits: int
+) -> None:
+    """With `fused_combine` no combine kernel is launched; the last split to arrive merges, the
+    output matches, padding rows of length 0 come out as zeros, and the counters are left zero
+    for the next call."""
+
+    class NoLaunch:
+        def __getitem__(self, grid: object) -> None:
+            raise AssertionError("combine kernel launched with fused_combine")
+
+    monkeypatch.setattr(ta, "_combine_splits", NoLaunch())
+    cfg = configs.lookup(None, "decode", 64)
+    cfg = configs.AttentionConfig(cfg.block_m, 32, 4, 1, cfg.min_rows, fused_combine=True)
+    b = make_batch(decodes(16), 16, heads, seed=splits)
+    b.check(num_splits=splits, config=cfg)
+    b.check(num_splits=splits, config=cfg)  # again: the counters were reset
+    assert int(ta._COUNTERS[torch.device("cpu")].count_nonzero()) == 0
+    n, pad = len(b.q_lens), 2
+    q = torch.cat([b.q, torch.randn(pad, *b.q.shape[1:])])
+    table = torch.cat([b.table, torch.full((pad, b.table.shape[1]), GARBAGE_BLOCK).int()])
+    lens = torch.cat([b.seq_lens, torch.zeros(pad, dtype=torch.int32)])
+    cu = torch.arange(n + pad + 1, dtype=torch.int32)
+    out = ta.paged_attention(
+        q, b.k_cache, b.v_cache, table, lens, cu, 1, 300, 0.125, num_splits=splits, config=cfg
+    )
+    assert torch.equal(out[n:], torch.zeros_like(out[n:]))
+
+
+@interp
 def test_interp_single_split_launches_no_combine(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoLaunch:
         def __getitem__(self, grid: object) -> None:
@@ -340,6 +372,7 @@ def _attention_pointers(dtype: str) -> dict[str, str]:
     ptrs = {n: f"*{dtype}" for n in names}
     ptrs.update({n: "*i32" for n in ["bt_ptr", "seq_lens_ptr", "cu_q_ptr"]})
     ptrs.update({n: "*fp32" for n in ["acc_ws_ptr", "m_ws_ptr", "l_ws_ptr"]})
+    ptrs["counter_ptr"] = "*i32"
     return ptrs
 
 
@@ -358,14 +391,17 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
         splits = 4 if phase == "decode" else 1
         consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_SIZE=16)
         consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n, NUM_SPLITS=splits)
-        consts.update(ONE_QBLOCK=phase == "decode", DOT_PREC="tf32")
+        consts.update(ONE_QBLOCK=phase == "decode", DOT_PREC="tf32", FUSED_COMBINE=False)
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         kernel = _compile(ta._attn_fwd, _attention_pointers(dtype), consts, TARGETS[fam], launch)
         if fam == "sm75":
             assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
             assert "mma" not in kernel.asm["ptx"]  # Turing: FMA dots only
         if phase == "decode":
+            fused = {**consts, "FUSED_COMBINE": True}
+            _compile(ta._attn_fwd, _attention_pointers(dtype), fused, TARGETS[fam], launch)
             del consts["BLOCK_SIZE"], consts["ONE_QBLOCK"], consts["DOT_PREC"]
+            del consts["FUSED_COMBINE"]
             ptrs = {**_attention_pointers(dtype), "out_ptr": f"*{dtype}"}
             _compile(ta._combine_splits, ptrs, consts, TARGETS[fam], {"num_warps": 4})
 
@@ -376,6 +412,7 @@ def test_fp32_test_path_and_write_kv_compile(cc: int) -> None:
     cfg = configs.lookup((cc // 10, cc % 10), "prefill", 64)
     consts = dict(GROUP=3, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=32, BLOCK_Q=21, BLOCK_M=64)
     consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=1, ONE_QBLOCK=False, DOT_PREC="ieee")
+    consts["FUSED_COMBINE"] = False
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     kernel = _compile(ta._attn_fwd, _attention_pointers("fp32"), consts, cc, launch)
     assert cc != 75 or kernel.metadata.shared <= configs.SM75_SHARED_LIMIT

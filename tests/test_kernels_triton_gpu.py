@@ -104,6 +104,37 @@ def test_decode_to_32k_contexts(batch: int, splits: int | None, dtype: torch.dty
     compare(build(specs, 16, (14, 2), dtype, seed=batch), num_splits=splits)
 
 
+@pytest.mark.parametrize("splits", [2, 7, 32])
+@pytest.mark.parametrize("batch", [1, 64, 256])
+def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> None:
+    """The last-split merge (atomic arrival counters, concurrent programs) gives the combine
+    kernel's output, call after call and from a CUDA graph replayed with changing lengths."""
+    from dataclasses import replace
+
+    from kernels.configs import lookup
+    from kernels.triton_attention import _COUNTERS, paged_attention
+
+    lengths = torch.randint(1, 8192, (batch,), generator=torch.Generator().manual_seed(batch))
+    q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), torch.bfloat16)
+    cfg = replace(lookup(torch.cuda.get_device_capability(), "decode", 64), fused_combine=True)
+    args = (q, k, v, table, lens, cu, 1, 8192, 0.125, splits)
+    want = paged_attention(*args)
+    for _ in range(3):
+        torch.testing.assert_close(paged_attention(*args, cfg), want, atol=2e-2, rtol=1e-2)
+    assert int(_COUNTERS[q.device].count_nonzero()) == 0
+    static_lens = lens.clone()
+    graph = torch.cuda.CUDAGraph()
+    paged_attention(q, k, v, table, static_lens, cu, 1, 8192, 0.125, splits, cfg)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = paged_attention(q, k, v, table, static_lens, cu, 1, 8192, 0.125, splits, cfg)
+    for shrink in (0, 5, 300):
+        static_lens.copy_((lens - shrink).clamp_min(1))
+        graph.replay()
+        ref = paged_attention(q, k, v, table, static_lens.clone(), cu, 1, 8192, 0.125, splits)
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("head_dim", [128])
 def test_head_dim_128_decode_and_prefill(head_dim: int) -> None:
     compare(build(MIXED, 32, (16, 8), torch.float16, head_dim=head_dim))
