@@ -30,9 +30,12 @@ DECODE_CONFIGS = [
     AttentionConfig(16, t, w, s)
     for t, w, s in [
         *itertools.product((32, 64, 128), (4, 8), (2, 3)),
-        (128, 2, 2), (64, 2, 2), (128, 4, 4), (256, 8, 2),
+        (128, 2, 2),
+        (64, 2, 2),
+        (128, 4, 4),
+        (256, 8, 2),
     ]
-]  # fmt: skip
+] + [AttentionConfig(16, t, w, s, fused_combine=True) for t, w, s in [(128, 4, 2), (64, 4, 2)]]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
 
 
