@@ -7,8 +7,10 @@ graph replay costs microseconds. Two kinds:
   `max_batch`; padding rows write nowhere (slot -1) and attend to nothing (length 0); the
   attention split count of each is fixed by `max_seqlen_k = max_model_len`;
 - mixed graphs (prefill chunks, with or without decodes) per token count 256, 512, 1K, 1.5K, 2K,
-  ... up to the step's token budget, with room for `max_seqs` sequences; padding tokens write
-  nowhere and padding sequences have no query tokens.
+  ... up to the step's token budget, with room for as many sequences as a step of that many
+  tokens can hold (one token each at least, `max_seqs` at most: the attention grid of a small
+  bucket is not padded to the largest batch); padding tokens write nowhere and padding sequences
+  have no query tokens.
 
 The graphs of a kind read their inputs from one flat buffer, each from its own leading slice (so
 one copy fills it), and their block tables from one buffer as wide as `max_model_len`. Every
@@ -89,7 +91,7 @@ class StepGraphs:
         cuda = not emulate
         self.decode_sizes = graph_buckets(max_batch)
         self.mixed_sizes = token_buckets(max_tokens)
-        self.mixed_seqs = max_seqs
+        self.max_seqs = max_seqs
         self.max_model_len = max_model_len
         width, longest = self.decode_sizes[-1], self.mixed_sizes[-1]
         self.max_batch = width
@@ -148,9 +150,14 @@ class StepGraphs:
         """
         if decode and num_seqs <= self.max_batch:
             return "decode", next(b for b in self.decode_sizes if b >= num_seqs)
-        if num_seqs <= self.mixed_seqs and num_tokens <= self.mixed_sizes[-1]:
+        if num_seqs <= self.max_seqs and num_tokens <= self.mixed_sizes[-1]:
+            # every sequence of a step brings a token at least: the bucket has room for them
             return "mixed", next(t for t in self.mixed_sizes if t >= num_tokens)
         return None
+
+    def mixed_seqs(self, tokens: int) -> int:
+        """Sequences a mixed graph of `tokens` tokens has room for."""
+        return min(tokens, self.max_seqs)
 
     def pack(self, key: GraphKey, arrays: tuple) -> np.ndarray:
         """A graph's whole input slice on the host, padding included, for one copy.
@@ -166,7 +173,7 @@ class StepGraphs:
             pack[3, :n], pack[4, :n] = seq_lens, rows
             pack[2, t:] = -1
             return pack.reshape(-1)
-        seqs = self.mixed_seqs
+        seqs = self.mixed_seqs(size)
         pack = np.zeros(3 * size + 3 * seqs + 1, dtype=np.int64)
         tok = pack[: 3 * size].reshape(3, size)
         tok[0, :t], tok[1, :t], tok[2, :t] = ids, positions, slot_mapping
@@ -195,17 +202,18 @@ class StepGraphs:
         return inputs, view[0], view[1], view[4], tables, meta
 
     def _mixed_inputs(self, t: int) -> tuple:
-        seqs = self.mixed_seqs
+        seqs = self.mixed_seqs(t)
         inputs = self._mixed_flat[: 3 * t + 3 * seqs + 1]
+        tables = self._mixed_tables[:seqs]
         tok = inputs[: 3 * t].view(3, t)
         lens, cu, rows = inputs[3 * t :].split([seqs, seqs + 1, seqs])
         tok[2].fill_(-1)
         meta = AttentionMetadata(
             slot_mapping=tok[2],
-            block_tables=self._mixed_tables,
+            block_tables=tables,
             seq_lens=lens,
             cu_seqlens_q=cu,
             max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
             max_seqlen_k=self.max_model_len,
         )
-        return inputs, tok[0], tok[1], rows, self._mixed_tables, meta
+        return inputs, tok[0], tok[1], rows, tables, meta

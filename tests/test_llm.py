@@ -244,6 +244,34 @@ def test_graph_choice_per_step(llama_folder):
     assert runner.graphs.pick(2, 601, decode=False) is None
 
 
+def test_small_mixed_buckets_hold_as_many_sequences_as_tokens(llama_folder):
+    """A mixed graph of t tokens has room for min(t, max_num_seqs) sequences (each brings a
+    token at least), not the largest batch; a prefill step of 254 one-token prompts and one of
+    two tokens (255 sequences, 256 tokens) fills the 256-token bucket and gives the eager path's
+    tokens."""
+    prompts = [[3 + i % 80] for i in range(254)] + [[5, 6]]
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    runs = {}
+    for graphs in ("emulate", False):
+        llm = LLM(
+            llama_folder,
+            device="cpu",
+            dtype="float32",
+            num_blocks=700,
+            block_size=4,
+            max_num_seqs=300,
+            max_num_batched_tokens=600,
+            cuda_graphs=graphs,
+        )
+        if graphs:
+            assert [llm.runner.graphs.mixed_seqs(t) for t in (256, 512, 600)] == [256, 300, 300]
+            assert llm.runner.graphs.pick(256, 256, decode=False) == ("mixed", 256)
+        runs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if graphs:
+            assert llm.runner.step_counts["mixed"] > 0 and not llm.runner.step_counts["eager"]
+    assert runs["emulate"] == runs[False]
+
+
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_multi_step_decode_matches_single_steps(llama_folder, block_size):
     """`num_scheduler_steps=5` (decode windows run 5 tokens deep, one host synchronisation each)
