@@ -1,4 +1,5 @@
-"""Attention, KV-write and fused elementwise ops, one signature each: Triton or PyTorch reference.
+"""Attention, KV-write, fused elementwise and sampling ops, one signature each: Triton or PyTorch
+reference.
 
 Dispatch per call: the Triton kernels when the tensors are on CUDA, the reference otherwise.
 Environment variable `PAGEDCTL_KERNELS=triton` forces the kernels (e.g. on the CPU under
