@@ -115,7 +115,7 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
     from kernels.triton_attention import _COUNTERS, paged_attention
 
     lengths = torch.randint(1, 8192, (batch,), generator=torch.Generator().manual_seed(batch))
-    q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), torch.bfloat16)
+    q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), dtypes()[-1])
     cfg = replace(lookup(torch.cuda.get_device_capability(), "decode", 64), fused_combine=True)
     args = (q, k, v, table, lens, cu, 1, 8192, 0.125, splits)
     want = paged_attention(*args)
