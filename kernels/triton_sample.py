@@ -81,7 +81,10 @@ def _pick(
     first_nonzero = tl.min(tl.where(p > 0, k, CHUNK), 0)
     p_idx = tl.sum(tl.where(k == idx, p, 0.0), 0)
     idx = tl.where(idx >= CHUNK, last_nonzero, tl.where(p_idx > 0, idx, first_nonzero))
-    tl.store(out_ptr + row, (chosen * CHUNK + idx).to(tl.int64))
+    # A row without mass (all -inf, or NaN) has no token to pick: it still gets an id inside
+    # the vocabulary, never one that would index past the embedding.
+    token = tl.minimum(tl.maximum(chosen * CHUNK + idx, 0), vocab - 1)
+    tl.store(out_ptr + row, token.to(tl.int64))
 
 
 def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:

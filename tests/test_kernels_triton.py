@@ -309,6 +309,10 @@ def test_interp_sample_temperature_matches_reference(dtype: torch.dtype, vocab: 
         torch.testing.assert_close(got, reference.sample_temperature(logits, t, u), rtol=0, atol=0)
         assert torch.isfinite(logits[torch.arange(12), got]).all()  # never a zero probability
         assert int(got[6]) == vocab // 2
+    dead = torch.full((2, vocab), float("-inf"), dtype=dtype)
+    dead[1, 7] = float("nan")
+    got = triton_sample.sample_temperature(dead, 1.0, torch.tensor([0.3, 0.9]))
+    assert ((got >= 0) & (got < vocab)).all()  # no mass: still an id inside the vocabulary
 
 
 @interp
