@@ -125,7 +125,8 @@ def _attn_fwd(
         o_mask = row_ok[:, None] & d_ok[None, :]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
-        ws = ((seq.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
+        # one partial per (query-block program, KV head, split): decode programs are sequences
+        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
         tl.store(m_ws_ptr + ws + rows, m_i)
         tl.store(l_ws_ptr + ws + rows, l_i)
         tl.store(acc_ws_ptr + (ws + rows)[:, None] * D_PAD + d[None, :], acc)
@@ -135,54 +136,61 @@ def _attn_fwd(
             # at GPU scope publishes them and tells this program whether it came last.
             tl.debug_barrier()
             active = tl.cdiv(num_tiles, per_split)
-            counter = counter_ptr + seq * tl.num_programs(1) + kvh
+            counter = counter_ptr + pid * tl.num_programs(1) + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
                 tl.store(counter, 0)  # ready for the next call (the next layer, the next step)
                 _merge_splits(
-                    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, seq, kvh, tl.num_programs(1),
-                    q_begin, q_len, active, stride_ot, stride_oh, stride_od,
+                    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1),
+                    q_begin, qb_start, q_len, active, stride_ot, stride_oh, stride_od,
                     GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M, NUM_SPLITS,
                 )  # fmt: skip
 
 
 @triton.jit
 def _combine_splits(
-    out_ptr, seq_lens_ptr, cu_q_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    out_ptr, seq_lens_ptr, cu_q_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, num_seqs,
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    seq = tl.program_id(0)
+    pid = tl.program_id(0)  # the query-block program of `_attn_fwd` whose splits this merges
     kvh = tl.program_id(1)
+    if ONE_QBLOCK:
+        seq = pid
+        qb_start = 0
+    else:
+        seq = _find_seq(cu_q_ptr, pid, num_seqs, BLOCK_Q)
+        qb_start = (pid - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
-    if q_len <= 0:
+    if qb_start >= q_len:
         return
     # The splits that had work, recomputed exactly as `_attn_fwd` chose them.
     # (a length-0 row, a decode graph's padding, has none and comes out as zeros)
-    num_tiles = tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N)
+    limit = tl.load(seq_lens_ptr + seq) - q_len + tl.minimum(qb_start + BLOCK_Q, q_len)
+    num_tiles = tl.cdiv(limit, TILE_N)
     active = tl.cdiv(num_tiles, tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), 1))
     _merge_splits(
-        out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, seq, kvh, tl.num_programs(1), q_begin, q_len,
-        active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M,
-        NUM_SPLITS,
+        out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1), q_begin,
+        qb_start, q_len, active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD,
+        BLOCK_Q, BLOCK_M, NUM_SPLITS,
     )  # fmt: skip
 
 
 @triton.jit
 def _merge_splits(
-    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, seq, kvh, num_kv_heads, q_begin, q_len, active,
-    stride_ot, stride_oh, stride_od,
+    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, num_kv_heads, q_begin, qb_start, q_len,
+    active, stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):  # fmt: skip
-    """Merge the first `active` splits' partial softmax states of one (sequence, KV head) and
-    store the output rows. Partials are read at L2 (`.cg`): in the fused path other programs
-    wrote them during this launch."""
+    """Merge the first `active` splits' partial softmax states of one (query-block program, KV
+    head) and store its output rows (tokens `qb_start ...` of the sequence). Partials are read
+    at L2 (`.cg`): in the fused path other programs wrote them during this launch."""
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
-    base = (seq.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
+    base = (pid.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
     m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(NUM_SPLITS):
         live = tl.full([BLOCK_M], s, tl.int32) < active
@@ -204,7 +212,7 @@ def _merge_splits(
         part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
         acc += w[:, None] * part
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    tok = rows // GROUP
+    tok = qb_start + rows // GROUP
     head = kvh * GROUP + rows % GROUP
     row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     o_rows = (q_begin + tok).to(tl.int64)
@@ -276,9 +284,10 @@ def paged_attention(
     """Causal attention of a flat varlen batch over a paged KV cache (see the reference op).
 
     `max_seqlen_q` must bound every query length (it picks the decode path and the grid);
-    `max_seqlen_k` only sizes the split count. `num_splits` forces the split count of a decode
-    batch (`max_seqlen_q <= 1`; other batches always use one); `config` overrides the shipped
-    tile table. Both are for tests and benchmarks.
+    `max_seqlen_k` only sizes the split count. `num_splits` forces the split count: of a decode
+    batch (`max_seqlen_q <= 1`, else chosen by `choose_num_splits`) or of every query-block
+    program of a prefill batch (else one: a prefill batch usually has programs enough).
+    `config` overrides the shipped tile table.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -292,20 +301,21 @@ def paged_attention(
     cfg = config or lookup(capability, "decode" if decode else "prefill", head_dim)
     block_q, block_m = tile_shape(group, decode, cfg)
     one_qblock = max_seqlen_q <= block_q
-    splits = 1
     if decode:
         splits = num_splits or choose_num_splits(num_seqs, num_kv_heads, max_seqlen_k, num_sms)
+    else:  # prefill programs split only when asked (a graph of few sequences and long contexts)
+        splits = num_splits or 1
     d_pad = max(16, triton.next_power_of_2(head_dim))
+    grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     fused = splits > 1 and cfg.fused_combine
     if splits > 1:
-        ws = (num_seqs, num_kv_heads, splits, block_m)
+        ws = (grid0, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
         m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
         l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
     else:
         acc_ws = m_ws = l_ws = out  # never touched
-    counters = _split_counters(q.device, num_seqs * num_kv_heads) if fused else out
-    grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
+    counters = _split_counters(q.device, grid0 * num_kv_heads) if fused else out
     consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_Q=block_q, BLOCK_M=block_m)
     consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=splits)
     _attn_fwd[(grid0, num_kv_heads, splits)](
@@ -317,7 +327,8 @@ def paged_attention(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip
     if splits > 1 and not fused:
-        _combine_splits[(num_seqs, num_kv_heads)](
-            out, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws, *out.stride(), **consts
-        )
+        _combine_splits[(grid0, num_kv_heads)](
+            out, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws, num_seqs, *out.stride(),
+            ONE_QBLOCK=one_qblock, **consts,
+        )  # fmt: skip
     return out

@@ -150,6 +150,34 @@ def test_interp_decode_splits(block_size: int, heads: tuple[int, int], splits: i
 
 
 @interp
+@pytest.mark.parametrize("splits", [2, 5, 16])  # 16 > tiles of every sequence
+@pytest.mark.parametrize("heads", [(14, 2), (9, 3)])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_interp_prefill_splits(
+    monkeypatch: pytest.MonkeyPatch, block_size: int, heads: tuple[int, int], splits: int
+) -> None:
+    """Forced splits of every query-block program of a prefill batch (chunked prefill, prefix
+    hits, decode rows among them): each split sees a causal slice of the history; the merge
+    gives the unsplit result, with the combine kernel or merged in the last split."""
+    grids, combine = [], ta._combine_splits
+
+    class Counted:
+        def __getitem__(self, grid: tuple[int, int]) -> object:
+            grids.append(grid)
+            return combine[grid]
+
+    monkeypatch.setattr(ta, "_combine_splits", Counted())
+    specs = [(7, 300), (40, 0), (1, 90), (3, 2 * block_size), (25, 61)]
+    make_batch(specs, block_size, heads, seed=splits).check(num_splits=splits)
+    assert grids, "the prefill batch was not split"
+    make_batch(mixed(block_size), block_size, heads, seed=splits).check(num_splits=splits)
+    cfg = configs.lookup(None, "prefill", 64)
+    fused = configs.AttentionConfig(64, 32, 4, 1, fused_combine=True)
+    assert not cfg.fused_combine
+    make_batch(specs, block_size, heads, seed=splits + 1).check(num_splits=splits, config=fused)
+
+
+@interp
 @pytest.mark.parametrize("splits", [1, 3])
 def test_interp_decode_graph_padding_rows_read_nothing(splits: int) -> None:
     """A decode graph pads its batch with rows of length 0 (int64 lengths, as the runner packs
@@ -392,22 +420,19 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
         dtype = dtypes[i % len(dtypes)]
         cfg = configs.lookup((TARGETS[fam] // 10, TARGETS[fam] % 10), phase, head_dim)
         block_q, block_m = ta.tile_shape(group, phase == "decode", cfg)
-        splits = 4 if phase == "decode" else 1
         consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_SIZE=16)
-        consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n, NUM_SPLITS=splits)
-        consts.update(ONE_QBLOCK=phase == "decode", DOT_PREC="tf32", FUSED_COMBINE=False)
+        consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n)
+        consts.update(ONE_QBLOCK=phase == "decode", DOT_PREC="tf32")
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        kernel = _compile(ta._attn_fwd, _attention_pointers(dtype), consts, TARGETS[fam], launch)
-        if fam == "sm75":
-            assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
-            assert "mma" not in kernel.asm["ptx"]  # Turing: FMA dots only
-        if phase == "decode":
-            fused = {**consts, "FUSED_COMBINE": True}
-            _compile(ta._attn_fwd, _attention_pointers(dtype), fused, TARGETS[fam], launch)
-            del consts["BLOCK_SIZE"], consts["ONE_QBLOCK"], consts["DOT_PREC"]
-            del consts["FUSED_COMBINE"]
-            ptrs = {**_attention_pointers(dtype), "out_ptr": f"*{dtype}"}
-            _compile(ta._combine_splits, ptrs, consts, TARGETS[fam], {"num_warps": 4})
+        ptrs = _attention_pointers(dtype)
+        for splits, fused in [(1, False), (4, False), (4, True)]:  # prefill splits: graphs
+            variant = {**consts, "NUM_SPLITS": splits, "FUSED_COMBINE": fused}
+            kernel = _compile(ta._attn_fwd, ptrs, variant, TARGETS[fam], launch)
+            if fam == "sm75":
+                assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
+                assert "mma" not in kernel.asm["ptx"]  # Turing: FMA dots only
+        del consts["BLOCK_SIZE"], consts["DOT_PREC"]
+        _compile(ta._combine_splits, ptrs, {**consts, "NUM_SPLITS": 4}, TARGETS[fam], {})
 
 
 @compiled
