@@ -10,7 +10,12 @@ graph replay costs microseconds. Two kinds:
   ... up to the step's token budget, with room for as many sequences as a step of that many
   tokens can hold (one token each at least, `max_seqs` at most: the attention grid of a small
   bucket is not padded to the largest batch); padding tokens write nowhere and padding sequences
-  have no query tokens.
+  have no query tokens;
+- few-sequence graphs, the mixed graphs of up to `FEW_MAX_TOKENS` tokens again, with room for
+  `FEW_SEQS` sequences and attention split `FEW_SPLITS` ways along each query block's history.
+  A step of a few sequences with long histories (a prefix-cache hit: a few new tokens after
+  thousands of cached ones; the last chunk of a long prompt) would otherwise leave one program
+  per query block and KV head walking the whole history while the other SMs idle.
 
 The graphs of a kind read their inputs from one flat buffer, each from its own leading slice (so
 one copy fills it), and their block tables from one buffer as wide as `max_model_len`. Every
@@ -33,7 +38,10 @@ from engine.models.attention import AttentionMetadata, KVCache
 logger = logging.getLogger("engine")
 
 MAX_GRAPH_BATCH = 512  # the largest decode graph; larger decode steps take a mixed graph
-GraphKey = tuple[str, int]  # ("decode", sequences) or ("mixed", tokens)
+FEW_SEQS = 4  # sequences of a few-sequence graph
+FEW_MAX_TOKENS = 512  # the largest few-sequence graph
+FEW_SPLITS = 16  # attention programs per query block and KV head in a few-sequence graph
+GraphKey = tuple[str, int]  # ("decode", sequences), ("mixed", tokens) or ("few", tokens)
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -103,13 +111,17 @@ class StepGraphs:
         self._mixed_tables = torch.zeros((max_seqs, max_blocks), dtype=torch.int32, device=dev)
         before = torch.cuda.memory_reserved(dev) if cuda else 0
         pool = torch.cuda.graph_pool_handle() if cuda else None
+        self.few_sizes = [t for t in self.mixed_sizes if t <= FEW_MAX_TOKENS]
+        if max_seqs <= FEW_SEQS:
+            self.few_sizes = []  # the mixed graphs are as small already
         keys = [("mixed", t) for t in reversed(self.mixed_sizes)]
+        keys += [("few", t) for t in reversed(self.few_sizes)]
         keys += [("decode", b) for b in reversed(self.decode_sizes)]
         self._graphs: dict[GraphKey, StepGraph] = {}
         for key in keys:  # largest first: the smaller ones reuse its pool
             kind, size = key
             inputs, ids, positions, rows, tables, meta = (
-                self._decode_inputs(size) if kind == "decode" else self._mixed_inputs(size)
+                self._decode_inputs(size) if kind == "decode" else self._mixed_inputs(key)
             )
             args = (ids, positions, kv_caches, meta)
             hidden = model(*args)  # compiles the kernels of this shape outside a capture
@@ -127,12 +139,13 @@ class StepGraphs:
             self.pool_bytes = torch.cuda.memory_reserved(dev) - before
         logger.info(
             "captured %d %sgraphs: decode batches up to %d, mixed steps up to %d tokens x %d "
-            "sequences (%.0f MiB)",
+            "sequences, %d few-sequence ones (%.0f MiB)",
             len(keys),
             "emulated " if emulate else "CUDA ",
             width,
             longest,
             max_seqs,
+            len(self.few_sizes),
             self.pool_bytes / 2**20,
         )
 
@@ -150,6 +163,8 @@ class StepGraphs:
         """
         if decode and num_seqs <= self.max_batch:
             return "decode", next(b for b in self.decode_sizes if b >= num_seqs)
+        if num_seqs <= FEW_SEQS and self.few_sizes and num_tokens <= self.few_sizes[-1]:
+            return "few", next(t for t in self.few_sizes if t >= num_tokens)
         if num_seqs <= self.max_seqs and num_tokens <= self.mixed_sizes[-1]:
             # every sequence of a step brings a token at least: the bucket has room for them
             return "mixed", next(t for t in self.mixed_sizes if t >= num_tokens)
@@ -158,6 +173,10 @@ class StepGraphs:
     def mixed_seqs(self, tokens: int) -> int:
         """Sequences a mixed graph of `tokens` tokens has room for."""
         return min(tokens, self.max_seqs)
+
+    def _seqs(self, key: GraphKey) -> int:
+        kind, size = key
+        return FEW_SEQS if kind == "few" else self.mixed_seqs(size)
 
     def pack(self, key: GraphKey, arrays: tuple) -> np.ndarray:
         """A graph's whole input slice on the host, padding included, for one copy.
@@ -173,7 +192,7 @@ class StepGraphs:
             pack[3, :n], pack[4, :n] = seq_lens, rows
             pack[2, t:] = -1
             return pack.reshape(-1)
-        seqs = self.mixed_seqs(size)
+        seqs = self._seqs(key)
         pack = np.zeros(3 * size + 3 * seqs + 1, dtype=np.int64)
         tok = pack[: 3 * size].reshape(3, size)
         tok[0, :t], tok[1, :t], tok[2, :t] = ids, positions, slot_mapping
@@ -201,8 +220,9 @@ class StepGraphs:
         )
         return inputs, view[0], view[1], view[4], tables, meta
 
-    def _mixed_inputs(self, t: int) -> tuple:
-        seqs = self.mixed_seqs(t)
+    def _mixed_inputs(self, key: GraphKey) -> tuple:
+        kind, t = key
+        seqs = self._seqs(key)
         inputs = self._mixed_flat[: 3 * t + 3 * seqs + 1]
         tables = self._mixed_tables[:seqs]
         tok = inputs[: 3 * t].view(3, t)
@@ -215,5 +235,6 @@ class StepGraphs:
             cu_seqlens_q=cu,
             max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
             max_seqlen_k=self.max_model_len,
+            num_splits=FEW_SPLITS if kind == "few" else None,
         )
         return inputs, tok[0], tok[1], rows, tables, meta

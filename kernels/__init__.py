@@ -54,17 +54,22 @@ def paged_attention(
     max_seqlen_k: int,
     softmax_scale: float,
     plan_cache: dict | None = None,
+    num_splits: int | None = None,
 ) -> Tensor:
     """Causal varlen attention over the paged cache; contract in `kernels.reference`.
 
     `plan_cache`: a dict living for one forward pass that an op may memoise per-step work in
-    (the reference's gather indices); the Triton kernels need none.
+    (the reference's gather indices); the Triton kernels need none. `num_splits`: how many
+    programs share each query block's history (split-KV; None: the kernel's choice); a
+    performance hint that leaves the result unchanged (the reference ignores it).
     """
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
     if _use_triton(q):
         from kernels.triton_attention import paged_attention as triton_paged_attention
 
-        return triton_paged_attention(*args, max_seqlen_q, max_seqlen_k, softmax_scale)
+        return triton_paged_attention(
+            *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits
+        )
     return reference.paged_attention(
         *args, max_seqlen_q, max_seqlen_k, softmax_scale, plan_cache=plan_cache
     )

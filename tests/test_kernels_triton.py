@@ -385,6 +385,17 @@ def test_dispatch_rule(
     assert kernels._use_triton(Probe()) == (backend == "triton")  # type: ignore[arg-type]
 
 
+@compiled
+def test_dispatch_passes_the_split_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernels
+
+    seen: dict = {}
+    monkeypatch.setattr(ta, "paged_attention", lambda *a, **k: seen.update(k) or "out")
+    monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
+    assert kernels.paged_attention(*[None] * 6, 1, 1, 1.0, num_splits=16) == "out"
+    assert seen == {"num_splits": 16}
+
+
 def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc: int, cfg: dict):
     """Cross-compile a `@triton.jit` function for `GPUTarget("cuda", cc, 32)` without a GPU."""
     from triton.backends.compiler import GPUTarget

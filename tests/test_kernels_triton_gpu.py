@@ -104,6 +104,15 @@ def test_decode_to_32k_contexts(batch: int, splits: int | None, dtype: torch.dty
     compare(build(specs, 16, (14, 2), dtype, seed=batch), num_splits=splits)
 
 
+@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize("splits", [4, 16])
+def test_prefill_splits_match_reference(splits: int, dtype: torch.dtype) -> None:
+    """Split-KV on the prefill path (the few-sequence step graphs): prefix hits of a few tokens
+    after long histories, a chunk after 8K, a decode row at 30K."""
+    specs = [(16, 4096), (5, 12000), (300, 8000), (1, 30000)]
+    compare(build(specs, 16, (14, 2), dtype, seed=splits), num_splits=splits)
+
+
 @pytest.mark.parametrize("splits", [2, 7, 32])
 @pytest.mark.parametrize("batch", [1, 64, 256])
 def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> None:

@@ -216,6 +216,7 @@ def test_graph_path_matches_eager_steps(llama_folder):
         kinds = llm.runner.step_counts
         if graphs:
             assert kinds["decode"] > 0 and kinds["mixed"] > 0 and not kinds["eager"], kinds
+            assert kinds["few"] > 0, kinds  # the last prefills, of a few sequences
         else:
             assert set(kinds) == {"eager"}
         assert llm.stats["scheduler"]["num_preemptions"] > 0
@@ -238,10 +239,46 @@ def test_graph_choice_per_step(llama_folder):
     assert runner.graphs.mixed_sizes == [256, 512, 600]
     assert runner.graphs.pick(3, 3, decode=True) == ("decode", 4)
     assert runner.graphs.pick(33, 33, decode=True) == ("decode", 40)
-    assert runner.graphs.pick(3, 300, decode=False) == ("mixed", 512)
+    assert runner.graphs.few_sizes == [256, 512]
+    assert runner.graphs.pick(3, 300, decode=False) == ("few", 512)  # split attention
+    assert runner.graphs.pick(5, 300, decode=False) == ("mixed", 512)
+    assert runner.graphs.pick(4, 513, decode=False) == ("mixed", 600)
     assert runner.graphs.pick(40, 600, decode=False) == ("mixed", 600)
     assert runner.graphs.pick(41, 41, decode=True) is None  # more sequences than any graph
     assert runner.graphs.pick(2, 601, decode=False) is None
+
+
+def test_few_sequence_graphs_ask_for_split_attention(llama_folder, monkeypatch):
+    """A prefill step of one sequence replays a few-sequence graph, whose attention calls ask
+    for `FEW_SPLITS` programs per query block (a long history shared out over the SMs); the
+    other graphs leave the split count to the kernel."""
+    from engine.models import attention
+    from engine.step_graphs import FEW_SPLITS
+
+    seen: list[int | None] = []
+    real = attention.paged_attention
+
+    def spy(*args, num_splits=None, **kwargs):
+        seen.append(num_splits)
+        return real(*args, num_splits=num_splits, **kwargs)
+
+    monkeypatch.setattr(attention, "paged_attention", spy)
+    llm = LLM(
+        llama_folder,
+        device="cpu",
+        num_blocks=64,
+        max_num_seqs=16,
+        max_num_batched_tokens=512,
+        cuda_graphs="emulate",
+    )
+    seen.clear()  # the captures
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    llm.generate([[5] * 40], params)
+    assert llm.runner.step_counts == {"few": 1}
+    assert seen and set(seen) == {FEW_SPLITS}
+    seen.clear()
+    llm.generate([[6] * 3 for _ in range(9)], params)  # nine sequences: a mixed graph
+    assert llm.runner.step_counts["mixed"] == 1 and set(seen) == {None}
 
 
 def test_small_mixed_buckets_hold_as_many_sequences_as_tokens(llama_folder):

@@ -25,6 +25,8 @@ class AttentionMetadata:
         cu_seqlens_q: int32 `[num_seqs + 1]`, start offset of each sequence's new tokens.
         max_seqlen_q: most new tokens of any sequence in the step.
         max_seqlen_k: longest `seq_lens` entry.
+        num_splits: programs per query block and KV head sharing its history (split-KV), for a
+            graph whose few sequences may have long histories; None: the kernel's choice.
         plan_cache: scratch space the attention op may memoise per-step work in (the CPU
             reference's gather indices, computed once instead of once per layer). A metadata
             object whose tensors are changed in place must have it cleared.
@@ -36,6 +38,7 @@ class AttentionMetadata:
     cu_seqlens_q: Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+    num_splits: int | None = None
     plan_cache: dict = field(default_factory=dict)  # per-step memo of the ops (see `kernels`)
 
 
@@ -80,4 +83,5 @@ class PagedAttention(nn.Module):
             meta.max_seqlen_k,
             self.scale,
             plan_cache=meta.plan_cache,
+            num_splits=meta.num_splits,
         )
