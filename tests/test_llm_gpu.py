@@ -96,9 +96,9 @@ def test_bundled_model_greedy_on_gpu_matches_the_cpu_path():
 
 @torch.no_grad()
 def test_cuda_graph_decode_matches_eager_steps(tmp_path):
-    """Steps replayed from CUDA graphs (decode and mixed, padded to their buckets), and decode
-    windows 4 steps deep, give the eager tokens through shrinking batches, preemption and a
-    seeded sampled request."""
+    """Steps replayed from CUDA graphs (decode, mixed and few-sequence, padded to their buckets),
+    and decode windows 4 steps deep, give the eager tokens through shrinking batches, preemption,
+    a seeded sampled request and a prefix hit after a long history."""
     save_tiny_model("qwen2", tmp_path)
     rng = random.Random(2)
     prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 70))] for _ in range(37)]
@@ -107,6 +107,7 @@ def test_cuda_graph_decode_matches_eager_steps(tmp_path):
         for _ in prompts
     ]
     params[5] = SamplingParams(temperature=0.9, max_tokens=30, seed=11, ignore_eos=True)
+    long = [rng.randrange(256) for _ in range(480)]
     runs = {}
     for graphs, steps in ((True, 1), (False, 1), (True, 4)):
         llm = LLM(
@@ -123,10 +124,16 @@ def test_cuda_graph_decode_matches_eager_steps(tmp_path):
         runs[graphs, steps] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert llm.stats["scheduler"]["num_preemptions"] > 0
         assert llm.scheduler.kv.num_free_blocks == llm.scheduler.kv.num_blocks
+        # a prefix hit: a few new tokens after ~480 cached ones (a few-sequence graph, its
+        # attention split along the history)
+        greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        for prompt in (long, long + [7, 8, 9]):  # one after the other: the second one hits
+            runs[graphs, steps] += [o.outputs[0].token_ids for o in llm.generate([prompt], greedy)]
         kinds = llm.runner.step_counts
         assert (kinds["decode"] > 0 and kinds["mixed"] > 0) if graphs else set(kinds) == {"eager"}
+        assert kinds["few"] > 0 if graphs else True
     assert runs[True, 1] == runs[False, 1] == runs[True, 4]
-    assert [len(t) for t in runs[True, 1]] == [p.max_tokens for p in params]
+    assert [len(t) for t in runs[True, 1][: len(params)]] == [p.max_tokens for p in params]
 
 
 def test_memory_figures_are_reported():
