@@ -41,6 +41,20 @@ def _find_seq(cu_q_ptr, qblock, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr, ONE_QBLOCK: tl.constexpr):
+    """(sequence, first query token) of query-block program `pid`. Sequence i's programs start
+    at `cu_q[i] // BLOCK_Q + i`, enough for its query blocks; a program past the end of its
+    sequence's queries returns at once."""
+    if ONE_QBLOCK:
+        seq = pid
+        qb_start = 0
+    else:
+        seq = _find_seq(cu_q_ptr, pid, num_seqs, BLOCK_Q)
+        qb_start = (pid - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
+    return seq, qb_start
+
+
+@triton.jit
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr,
@@ -56,12 +70,7 @@ def _attn_fwd(
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if ONE_QBLOCK:
-        seq = pid
-        qb_start = 0
-    else:
-        seq = _find_seq(cu_q_ptr, pid, num_seqs, BLOCK_Q)
-        qb_start = (pid - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
+    seq, qb_start = _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q, ONE_QBLOCK)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     if qb_start >= q_len:
@@ -156,12 +165,7 @@ def _combine_splits(
 ):  # fmt: skip
     pid = tl.program_id(0)  # the query-block program of `_attn_fwd` whose splits this merges
     kvh = tl.program_id(1)
-    if ONE_QBLOCK:
-        seq = pid
-        qb_start = 0
-    else:
-        seq = _find_seq(cu_q_ptr, pid, num_seqs, BLOCK_Q)
-        qb_start = (pid - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
+    seq, qb_start = _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q, ONE_QBLOCK)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     if qb_start >= q_len:
