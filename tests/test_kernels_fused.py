@@ -10,9 +10,6 @@ pytest process with `TRITON_INTERPRET=1` set before the kernels are JIT-ed.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +27,7 @@ from engine.models.layers import (  # noqa: E402
 )
 from kernels import reference  # noqa: E402
 from kernels import triton_fused as tf  # noqa: E402
-from tests.test_kernels_triton import _compile  # noqa: E402
+from tests.test_kernels_triton import _compile, run_interpreter_suite  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interp = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child process")
@@ -42,14 +39,7 @@ LLAMA3 = RopeConfig("llama3", 500000.0, 32.0, 1.0, 4.0, 8192)
 
 @compiled
 def test_interpreter_suite() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"]
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [*cmd, "-k", "test_interp_"], env=env, cwd=root, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+    run_interpreter_suite(__file__)
 
 
 # --- shared helpers --------------------------------------------------------------------------

@@ -33,16 +33,22 @@ HEADS = [(14, 2), (9, 3), (4, 4)]
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
 
 
-@compiled
-def test_interpreter_suite() -> None:
+def run_interpreter_suite(test_file: str) -> None:
+    """Run a test file's `test_interp_*` cases in a child pytest under `TRITON_INTERPRET=1`
+    (which must be set before any kernel is JIT-ed); every one must run and pass."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", test_file, "-q", "-x", "-p", "no:cacheprovider"]
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
         [*cmd, "-k", "test_interp_"], env=env, cwd=root, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+
+
+@compiled
+def test_interpreter_suite() -> None:
+    run_interpreter_suite(__file__)
 
 
 @dataclass
