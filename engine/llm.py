@@ -10,11 +10,12 @@ from dataclasses import asdict
 import torch
 
 from engine.config import CacheConfig, SchedulerConfig, default_step_limits
-from engine.device import default_cpu_kv_bytes, resolve_device, resolve_dtype
-from engine.kv_sizing import KVLayout, format_bytes, max_concurrency, parse_bytes
+from engine.device import resolve_device, resolve_dtype
+from engine.kv_sizing import KVLayout, format_bytes, max_concurrency
 from engine.model_runner import ModelRunner
 from engine.models import build_model
 from engine.outputs import RequestOutput
+from engine.pool_sizing import kv_cache_blocks, resolve_max_model_len
 from engine.requests import PromptInput, RequestTracker
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -147,25 +148,33 @@ class LLM:
         if int(s["num_scheduler_steps"]) < 1:
             raise ValueError(f"num_scheduler_steps must be >= 1, got {s['num_scheduler_steps']}")
         self._release_engine()
-        self._graphs_on = bool(s["cuda_graphs"])
         weights = sum(p.nbytes for p in self.model.parameters())
         self.memory: dict = {"weights_bytes": weights, "utilization": None}
-        if self.device.type == "cuda":
-            self.memory["total_bytes"] = _device_total(self.device)
         total = _device_total(self.device) if self.device.type == "cuda" else 0
+        if total:
+            self.memory["total_bytes"] = total
         default_tokens, default_seqs = default_step_limits(self.device.type, total)
         max_num_seqs = s["max_num_seqs"] or default_seqs
         batched = s["max_num_batched_tokens"] or default_tokens
-        blocks = self._num_blocks(
+        config_len = int(getattr(self.hf_config, "max_position_embeddings", 0) or 4096)
+        blocks, figures = kv_cache_blocks(
+            self.model,
+            self.layout,
+            self.device,
+            self.dtype,
             s["block_size"],
-            s["num_blocks"],
-            s["kv_cache_memory"],
-            s["gpu_memory_utilization"],
-            max_num_seqs * (s["max_model_len"] or self._config_max_len()),
-            batched,
-            max_num_seqs,
+            num_blocks=s["num_blocks"],
+            kv_cache_memory=s["kv_cache_memory"],
+            utilization=s["gpu_memory_utilization"],
+            useful_tokens=max_num_seqs * (s["max_model_len"] or config_len),
+            batched_tokens=batched,
+            max_num_seqs=max_num_seqs,
+            weights_bytes=weights,
+            reserve_graphs=bool(s["cuda_graphs"]),
         )
-        self.max_model_len = self._max_model_len(s["max_model_len"], blocks * s["block_size"])
+        self.memory.update(figures)
+        pool_tokens = blocks * s["block_size"]
+        self.max_model_len = resolve_max_model_len(s["max_model_len"], config_len, pool_tokens)
         self.scheduler = Scheduler(
             SchedulerConfig(batched, max_num_seqs, self.max_model_len),
             CacheConfig(s["block_size"], blocks, s["enable_prefix_caching"], hash_seed=self.seed),
@@ -202,65 +211,6 @@ class LLM:
         self.runner = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-    def _config_max_len(self) -> int:
-        return int(getattr(self.hf_config, "max_position_embeddings", 0) or 4096)
-
-    def _num_blocks(
-        self,
-        block_size,
-        num_blocks,
-        kv_cache_memory,
-        utilization,
-        useful_tokens,
-        batched_tokens,
-        max_num_seqs,
-    ) -> int:
-        if num_blocks is not None:
-            return num_blocks
-        if kv_cache_memory is not None:
-            budget = parse_bytes(kv_cache_memory)
-        elif self.device.type == "cuda":
-            budget = self._cuda_kv_budget(utilization, batched_tokens, max_num_seqs)
-        else:  # no more than the requests could ever use
-            budget = min(default_cpu_kv_bytes(), useful_tokens * self.layout.bytes_per_token)
-        blocks = self.layout.blocks_for_bytes(budget, block_size)
-        if blocks < 1:
-            raise ValueError(
-                f"the KV cache budget {format_bytes(budget)} holds no block of {block_size} tokens "
-                f"({format_bytes(self.layout.bytes_per_block(block_size))}); give more memory"
-            )
-        return blocks
-
-    def _cuda_kv_budget(self, utilization: float, batched_tokens: int, max_num_seqs: int) -> int:
-        from engine.profiling import cuda_kv_budget
-
-        budget, figures = cuda_kv_budget(
-            self.model,
-            self.device,
-            self.dtype,
-            utilization,
-            batched_tokens,
-            max_num_seqs,
-            self.memory["weights_bytes"],
-            reserve_graphs=self._graphs_on,
-        )
-        self.memory.update(figures)
-        return budget
-
-    def _max_model_len(self, asked: int | None, pool_tokens: int) -> int:
-        limit = asked or self._config_max_len()
-        if limit > pool_tokens:
-            if asked:
-                logger.warning(
-                    "max_model_len=%d exceeds the KV pool (%d tokens): longer sequences stop "
-                    "with finish reason 'length'",
-                    asked,
-                    pool_tokens,
-                )
-            else:
-                limit = pool_tokens
-        return limit
 
     def _eos_ids(self) -> list[int]:
         ids = getattr(self.hf_config, "eos_token_id", None)
