@@ -28,12 +28,7 @@ def write_plots(out_dir: Path, stem: str, run) -> list[Path]:
     ax.set_ylabel("sequences that fit")
     ax.set_title(f"{run.fp.name}: capacity vs sequence length")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    path = out_dir / f"{stem}-capacity.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(plt, fig, ax, out_dir / f"{stem}-capacity.png"))
     results = getattr(run, "sim_results", [])
     if results:
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -44,10 +39,14 @@ def write_plots(out_dir: Path, stem: str, run) -> list[Path]:
         ax.set_ylabel("requests refused (%)")
         ax.set_title("refusals vs load, same arrivals")
         ax.grid(True, alpha=0.3)
-        ax.legend()
-        path = out_dir / f"{stem}-refusals.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, ax, out_dir / f"{stem}-refusals.png"))
     return written
+
+
+def _save(plt, fig, ax, path: Path) -> Path:
+    """Legend, layout, a PNG at `path`, and the figure closed."""
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
