@@ -170,13 +170,13 @@ class StepGraphs:
             return "mixed", next(t for t in self.mixed_sizes if t >= num_tokens)
         return None
 
-    def mixed_seqs(self, tokens: int) -> int:
-        """Sequences a mixed graph of `tokens` tokens has room for."""
-        return min(tokens, self.max_seqs)
-
-    def _seqs(self, key: GraphKey) -> int:
+    def seqs_of(self, key: GraphKey) -> int:
+        """Sequences a graph has room for: a decode graph one per row, a few-sequence graph
+        `FEW_SEQS`, a mixed graph of t tokens min(t, max_seqs) (each brings a token at least)."""
         kind, size = key
-        return FEW_SEQS if kind == "few" else self.mixed_seqs(size)
+        if kind == "mixed":
+            return min(size, self.max_seqs)
+        return FEW_SEQS if kind == "few" else size
 
     def pack(self, key: GraphKey, arrays: tuple) -> np.ndarray:
         """A graph's whole input slice on the host, padding included, for one copy.
@@ -192,7 +192,7 @@ class StepGraphs:
             pack[3, :n], pack[4, :n] = seq_lens, rows
             pack[2, t:] = -1
             return pack.reshape(-1)
-        seqs = self._seqs(key)
+        seqs = self.seqs_of(key)
         pack = np.zeros(3 * size + 3 * seqs + 1, dtype=np.int64)
         tok = pack[: 3 * size].reshape(3, size)
         tok[0, :t], tok[1, :t], tok[2, :t] = ids, positions, slot_mapping
@@ -222,7 +222,7 @@ class StepGraphs:
 
     def _mixed_inputs(self, key: GraphKey) -> tuple:
         kind, t = key
-        seqs = self._seqs(key)
+        seqs = self.seqs_of(key)
         inputs = self._mixed_flat[: 3 * t + 3 * seqs + 1]
         tables = self._mixed_tables[:seqs]
         tok = inputs[: 3 * t].view(3, t)

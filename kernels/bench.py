@@ -40,7 +40,7 @@ def num_layers(bytes_per_layer: int) -> int:
     return max(4, min(MAX_LAYERS, -(-LAYER_BYTES // bytes_per_layer)))
 
 
-def _per_call_ms(calls) -> float:
+def per_call_ms(calls) -> float:
     """Milliseconds per call of `calls` (one callable per layer) captured back to back in one
     CUDA graph, as the engine's decode step replays them.
 
@@ -110,15 +110,15 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
             for k, v, t in pools[identity]
         ]
 
-    row["ms_random"] = _per_call_ms(calls(False))
-    row["ms_identity"] = _per_call_ms(calls(True))
-    row["ms_one_split"] = _per_call_ms(calls(False, 1))
+    row["ms_random"] = per_call_ms(calls(False))
+    row["ms_identity"] = per_call_ms(calls(True))
+    row["ms_one_split"] = per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
     if choose_num_splits(batch, hkv, ctx, sms) > 1:  # the same splits, merged in the last one
         fused = replace(lookup(capability, "decode", d), fused_combine=True)
-        row["ms_fused_combine"] = _per_call_ms(calls(False, None, fused))
-    row["ms_splits"] = {str(n): _per_call_ms(calls(False, n)) for n in scan_splits}
+        row["ms_fused_combine"] = per_call_ms(calls(False, None, fused))
+    row["ms_splits"] = {str(n): per_call_ms(calls(False, n)) for n in scan_splits}
     row["bytes"] = kv_bytes + 2 * q.nbytes
     row["bw_fraction"] = row["bytes"] / (row["ms_random"] * 1e-3) / bandwidth
     row["paging_overhead"] = row["ms_random"] / row["ms_identity"] - 1
@@ -144,14 +144,14 @@ def peers(shape, batch, ctx, dtype, device, with_flex: bool) -> dict:
         for _ in range(layers)
     ]
     sdpa = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v) for k, v in caches]
-    out = {"ms_sdpa": _per_call_ms(sdpa), "ms_flex": None}
+    out = {"ms_sdpa": per_call_ms(sdpa), "ms_flex": None}
     if not with_flex:
         return out
     try:
         from torch.nn.attention.flex_attention import flex_attention
 
         flex = torch.compile(flex_attention, dynamic=False)
-        out["ms_flex"] = _per_call_ms([lambda k=k, v=v: flex(q, k, v) for k, v in caches])
+        out["ms_flex"] = per_call_ms([lambda k=k, v=v: flex(q, k, v) for k, v in caches])
     except Exception as e:  # report, do not hide: a peer that cannot run is a finding
         out["ms_flex"] = None
         out["flex_error"] = f"{type(e).__name__}: {str(e)[:120]}"

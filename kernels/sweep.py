@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from kernels.bench import _per_call_ms, num_layers
+from kernels.bench import num_layers, per_call_ms
 from kernels.configs import AttentionConfig
 from kernels.triton_attention import paged_attention
 
@@ -62,7 +62,7 @@ def _stack_ms(case, ctx: int, splits: int | None, cfg: AttentionConfig) -> float
         functools.partial(paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg)
         for k, v, t in pools
     ]
-    return _per_call_ms(calls)
+    return per_call_ms(calls)
 
 
 def main() -> None:

@@ -301,7 +301,8 @@ def test_small_mixed_buckets_hold_as_many_sequences_as_tokens(llama_folder):
             cuda_graphs=graphs,
         )
         if graphs:
-            assert [llm.runner.graphs.mixed_seqs(t) for t in (256, 512, 600)] == [256, 300, 300]
+            seqs = [llm.runner.graphs.seqs_of(("mixed", t)) for t in (256, 512, 600)]
+            assert seqs == [256, 300, 300]
             assert llm.runner.graphs.pick(256, 256, decode=False) == ("mixed", 256)
         runs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         if graphs:

@@ -3,7 +3,7 @@ engine's layout (one [L, 2, N, 16, 2, 64] tensor of ~100 GB, contiguous blocks p
 
 import torch
 
-from kernels.bench import _per_call_ms
+from kernels.bench import per_call_ms
 from kernels.triton_attention import paged_attention
 
 B, CTX, L, BS, HKV, D, HQ = 256, 1088, 24, 16, 2, 64, 14
@@ -17,7 +17,7 @@ small = [torch.randn(2, B * per, BS, HKV, D, dtype=dt, device="cuda") for _ in r
 calls = [
     lambda kv=kv: paged_attention(q, kv[0], kv[1], ids, lens, cu, 1, 32768, 0.125) for kv in small
 ]
-print(f"per-layer pools: {_per_call_ms(calls) * 1e3:.1f} us")
+print(f"per-layer pools: {per_call_ms(calls) * 1e3:.1f} us")
 del small, calls
 n = int(100e9 // (L * 2 * BS * HKV * D * 2))
 big = torch.empty(L, 2, n, BS, HKV, D, dtype=dt, device="cuda")
@@ -26,10 +26,10 @@ calls = [
     lambda i=i: paged_attention(q, big[i, 0], big[i, 1], ids, lens, cu, 1, 32768, 0.125)
     for i in range(L)
 ]
-print(f"engine layout, {n} blocks: {_per_call_ms(calls) * 1e3:.1f} us")
+print(f"engine layout, {n} blocks: {per_call_ms(calls) * 1e3:.1f} us")
 far = (ids.long() * (n // (B * per))).to(torch.int32)
 calls = [
     lambda i=i: paged_attention(q, big[i, 0], big[i, 1], far, lens, cu, 1, 32768, 0.125)
     for i in range(L)
 ]
-print(f"engine layout, blocks spread over the pool: {_per_call_ms(calls) * 1e3:.1f} us")
+print(f"engine layout, blocks spread over the pool: {per_call_ms(calls) * 1e3:.1f} us")
