@@ -2,9 +2,9 @@
 
 `python -m kernels.sweep --out DIR` times every candidate (tile, warps, stages) on decode shapes
 of our models (each a stack of per-layer caches in one CUDA graph, as `kernels.bench` times them),
-then forced split counts with the two best configs of each shape, and, with `--prefill`, the
-prefill configs; it writes the timings and the winners, which are copied by hand into
-`kernels/configs.py` and `choose_num_splits`.
+then forced split counts with the two best configs of each shape (with and without the fused
+combine), and, with `--prefill`, the prefill configs; it writes the timings and the winners,
+which are copied by hand into `kernels/configs.py` and `choose_num_splits`.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ PREFILL = [4096, 16384]
 DECODE_CONFIGS = [
     AttentionConfig(16, t, w, s)
     for t, w, s in [
-        *itertools.product((32, 64, 128), (4, 8), (2, 3)),
-        (128, 2, 2),
-        (64, 2, 2),
-        (128, 4, 4),
-        (256, 8, 2),
+        *itertools.product((64, 128), (4, 8), (2, 3, 4)),
+        (32, 4, 3),
+        (128, 2, 3),
+        (256, 8, 3),
     ]
-] + [AttentionConfig(16, t, w, s, fused_combine=True) for t, w, s in [(128, 4, 2), (64, 4, 2)]]
+]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
 
 
@@ -87,9 +86,12 @@ def main() -> None:
         top = sorted((r for r in mine if r["shape"] == shape and r["batch"] == batch
                       and r["ctx"] == ctx), key=lambda r: r["ms"])[:2]  # fmt: skip
         if batch <= 64:
-            for r, n in itertools.product(top, SPLITS):
-                ms = _stack_ms(case, ctx, n, AttentionConfig(**r["cfg"]))
-                rows.append({**key, "phase": "splits", "cfg": r["cfg"], "splits": n, "ms": ms})
+            for r, n, fused in itertools.product(top, SPLITS, (False, True)):
+                if fused and n == 1:
+                    continue
+                cfg = AttentionConfig(**{**r["cfg"], "fused_combine": fused})
+                ms = _stack_ms(case, ctx, n, cfg)
+                rows.append({**key, "phase": "splits", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         del case
         torch.cuda.empty_cache()
         _write(a.out, rows)

@@ -109,10 +109,16 @@ def _attn_fwd(
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_vh
+    # The block ids of tile j+1 are read during tile j, so no K/V address waits on the table
+    # inside an iteration (the pipeliner can then keep K/V tiles in flight behind the math).
+    pos = tile_lo * TILE_N + tl.arange(0, TILE_N)
+    blk_next = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos < limit, other=0)
     for j in range(tile_lo, tile_hi):
         pos = j * TILE_N + tl.arange(0, TILE_N)
         pos_ok = pos < limit
-        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        blk = blk_next.to(tl.int64)
+        pos_next = pos + TILE_N
+        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
         off = pos % BLOCK_SIZE
         k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
         k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
