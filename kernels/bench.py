@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from kernels.configs import lookup
+from kernels.configs import WIDE_PROGRAMS_PER_SM, lookup
 from kernels.triton_attention import _device_info, choose_num_splits, paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
@@ -69,6 +69,18 @@ def _graphed(fn, graph: bool = True):
     return g.replay
 
 
+@triton.jit
+def _empty(x_ptr):
+    pass
+
+
+def empty_kernel_ms(device: torch.device) -> float:
+    """Milliseconds per call of a kernel that does nothing, in the same kind of layer-stack graph:
+    the part of every figure below that no kernel can remove (launch and drain of a graph node)."""
+    x = torch.empty(1, device=device)
+    return per_call_ms([lambda: _empty[(1,)](x)] * MAX_LAYERS)
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a 2 GiB device-to-device copy (read + write counted)."""
     src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
@@ -115,9 +127,12 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     row["ms_one_split"] = per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
-    if choose_num_splits(batch, hkv, ctx, sms) > 1:  # the same splits, merged in the last one
-        fused = replace(lookup(capability, "decode", d), fused_combine=True)
-        row["ms_fused_combine"] = per_call_ms(calls(False, None, fused))
+    if choose_num_splits(batch, hkv, ctx, sms) > 1:  # the same splits, merged the other way
+        wide = batch * hkv > WIDE_PROGRAMS_PER_SM * sms
+        shipped = lookup(capability, "decode_wide" if wide else "decode", d)
+        other = replace(shipped, fused_combine=not shipped.fused_combine)
+        key = "ms_fused_combine" if other.fused_combine else "ms_combine_kernel"
+        row[key] = per_call_ms(calls(False, None, other))
     row["ms_splits"] = {str(n): per_call_ms(calls(False, n)) for n in scan_splits}
     row["bytes"] = kv_bytes + 2 * q.nbytes
     row["bw_fraction"] = row["bytes"] / (row["ms_random"] * 1e-3) / bandwidth
@@ -201,22 +216,27 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         f"# Paged attention on {env['gpu']} ({env['dtype']})",
         "",
         f"copy bandwidth {bw / 1e9:.0f} GB/s, matmul {mm / 1e12:.0f} TFLOP/s; torch "
-        f"{env['torch']}, triton {env['triton']}",
+        f"{env['torch']}, triton {env['triton']}; an empty kernel costs "
+        f"{env.get('empty_kernel_us', float('nan')):.1f} us per call in the same kind of graph",
         "",
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
         "(as a decode step replays them; `layers` in the JSON); eager: one call launched from "
-        "Python each time; fused combine: the same split count with `fused_combine` (the last "
-        "split merges, no second launch), `-` where one split is chosen.",
+        "Python each time; other combine: the same split count merged the way the shipped "
+        "config does not (`f` = `fused_combine`, the last split merges in the same launch; "
+        "`k` = a second, combine kernel), `-` where one split is chosen.",
         "",
         "| shape | batch | ctx | block | us | eager us | % of copy bw | paging overhead "
-        "| split speedup | fused combine us | SDPA us | flex us |",
+        "| split speedup | other combine us | SDPA us | flex us |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     peer_of = {(r["shape"], r["batch"], r["context"]): r for r in peer_rows}
     for r in decode:
         pr = peer_of[(r["shape"], r["batch"], r["context"])]
         flex = "n/a" if pr["ms_flex"] is None else f"{pr['ms_flex'] * 1e3:.1f}"
-        fused = f"{r['ms_fused_combine'] * 1e3:.1f}" if "ms_fused_combine" in r else "-"
+        fused = "-"
+        for key, tag in (("ms_fused_combine", "f"), ("ms_combine_kernel", "k")):
+            if key in r:
+                fused = f"{r[key] * 1e3:.1f} {tag}"
         lines.append(
             f"| {r['shape']} | {r['batch']} | {r['context']} | {r['block']} | "
             f"{r['ms_random'] * 1e3:.1f} | {r['ms_eager'] * 1e3:.1f} | {r['bw_fraction']:.0%} | "
@@ -271,6 +291,7 @@ def main() -> None:
         "matmul_TFLOPs": mm / 1e12,
         "dtype": a.dtype,
         "sms": _device_info(device)[1],
+        "empty_kernel_us": empty_kernel_ms(device) * 1e3,
     }
     batches, contexts = (
         ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])

@@ -2,8 +2,11 @@
 
 Chosen offline (no autotuning at run time). Families: `sm75` (Turing: no sm_80+ features, FMA
 dots, no software pipelining, 64 KB shared memory per program), `sm80` (Ampere/Ada) and `sm90`
-(Hopper and newer). sm90 decode comes from `python -m kernels.sweep` on an H200; the other
-entries are the design notes' starting points (no sm_80 or sm_75 card has been lent to measure).
+(Hopper and newer). Phases: `prefill`, `decode`, and `decode_wide` for decode grids of more than
+`WIDE_PROGRAMS_PER_SM` (sequence, KV head) programs per SM (where a family has no entry of its
+own, `decode` serves). sm90 comes from `python -m kernels.sweep` on an H200; sm80 carries its
+choices over (3 stages is what gives the K/V loads two buffers on any cp.async GPU), and sm75 is
+the design notes' starting point (no sm_80 or sm_75 card has been lent to measure).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ class AttentionConfig:
         min_rows: smallest row count of a decode program (tensor-core GPUs pad to 16 anyway).
         fused_combine: split-KV decode merges its partials in the last split program to finish
             (an atomic counter per sequence and KV head) instead of a second kernel launch.
-            Off in every shipped config until the H200 A/B (`kernels.bench --fused-combine`).
     """
 
     block_m: int
@@ -36,18 +38,24 @@ class AttentionConfig:
     fused_combine: bool = False
 
 
+# Decode grids of more (sequence, KV head) programs per SM than this use "decode_wide".
+WIDE_PROGRAMS_PER_SM = 4
+
 # (family, phase) -> config for head_dim <= 128; head_dim > 128 halves the tiles (see `lookup`).
 CONFIGS: dict[tuple[str, str], AttentionConfig] = {
     ("sm75", "decode"): AttentionConfig(
         block_m=16, tile_n=32, num_warps=4, num_stages=1, min_rows=1
     ),
     ("sm75", "prefill"): AttentionConfig(block_m=64, tile_n=32, num_warps=4, num_stages=1),
-    ("sm80", "decode"): AttentionConfig(block_m=16, tile_n=64, num_warps=4, num_stages=2),
-    ("sm80", "prefill"): AttentionConfig(block_m=64, tile_n=64, num_warps=4, num_stages=2),
-    # H200 sweep (results/kernels-sweep-h200.json): tile 128 / 4 warps / 2 stages wins the
-    # geometric mean over decode shapes by ~12% (it loses ~7% at batch 256 with 3 KV heads).
-    ("sm90", "decode"): AttentionConfig(block_m=16, tile_n=128, num_warps=4, num_stages=2),
-    ("sm90", "prefill"): AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=2),
+    ("sm80", "decode"): AttentionConfig(16, 64, 4, 3, fused_combine=True),
+    ("sm80", "decode_wide"): AttentionConfig(16, 128, 4, 3),
+    ("sm80", "prefill"): AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=3),
+    # H200 sweep of session 4 (results/kernels-sweep-h200.json): tile 64 / 4 warps / 3 stages
+    # with the fused combine wins the geometric mean over decode shapes; at batch 256 with
+    # 3 KV heads (768 programs) it loses ~30% to tile 128, which "decode_wide" takes.
+    ("sm90", "decode"): AttentionConfig(16, 64, 4, 3, fused_combine=True),
+    ("sm90", "decode_wide"): AttentionConfig(16, 128, 4, 3),
+    ("sm90", "prefill"): AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=3),
 }
 
 # The interpreter runs numpy per tile: larger tiles mean fewer (slow) iterations.
@@ -66,7 +74,11 @@ def family(capability: tuple[int, int]) -> str:
 
 def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> AttentionConfig:
     """The shipped config for a device (`None` = the CPU interpreter), phase and head size."""
-    cfg = INTERPRETER_CONFIGS[phase] if capability is None else CONFIGS[family(capability), phase]
+    if capability is None:
+        cfg = INTERPRETER_CONFIGS["prefill" if phase == "prefill" else "decode"]
+    else:
+        fam = family(capability)
+        cfg = CONFIGS.get((fam, phase)) or CONFIGS[fam, "decode"]
     if head_dim > 128:
         tile_n = max(16, cfg.tile_n // 2)
         block_m = max(16, cfg.block_m // 2)

@@ -4,7 +4,8 @@ A program handles `BLOCK_Q` query tokens of one sequence times all `GROUP` query
 head (rows `m -> (token m // GROUP, head m % GROUP)`), so each K/V tile is loaded once per group.
 It walks the sequence's KV positions `TILE_N` at a time through the block table (a tile may span
 several cache blocks), with an online softmax in float32. Decode batches may split each
-sequence's KV range over `NUM_SPLITS` programs (flash-decoding); a small combine kernel merges
+sequence's KV tiles over `NUM_SPLITS` programs, dealt round robin (flash-decoding); a small
+combine kernel merges
 the partial results (or, with `AttentionConfig.fused_combine`, the last split of each sequence and
 KV head to finish merges them in the same launch, counted by an atomic counter).
 Same contract as `kernels.reference.paged_attention`.
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.configs import AttentionConfig, lookup
+from kernels.configs import WIDE_PROGRAMS_PER_SM, AttentionConfig, lookup
 
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
@@ -61,7 +62,7 @@ def _attn_fwd(
     num_seqs, qk_scale,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
-    stride_bt,
+    stride_bt, bt_cols,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
@@ -71,11 +72,18 @@ def _attn_fwd(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq, qb_start = _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q, ONE_QBLOCK)
+    # Tiles are dealt to splits round robin (split s takes tiles s, s + S, ...), so a program's
+    # first tile is known before the sequence's length: its block ids load alongside the
+    # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    pos = split * TILE_N + tl.arange(0, TILE_N)
+    blk_next = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos // BLOCK_SIZE < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
+    seq_len = tl.load(seq_lens_ptr + seq)
     if qb_start >= q_len:
         return
-    context = tl.load(seq_lens_ptr + seq) - q_len
+    context = seq_len - q_len
     rows = tl.arange(0, BLOCK_M)
     tok = qb_start + rows // GROUP
     head = kvh * GROUP + rows % GROUP
@@ -89,35 +97,27 @@ def _attn_fwd(
     q_pos = context + tok
     limit = context + tl.minimum(qb_start + BLOCK_Q, q_len)  # keys [0, limit) are visible
     num_tiles = tl.cdiv(limit, TILE_N)
-    tile_lo = 0
-    tile_hi = num_tiles
     if NUM_SPLITS > 1:
-        per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-        tile_lo = split * per_split
-        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
         if FUSED_COMBINE and num_tiles == 0 and split == 0:
             # A length-0 row (a decode graph's padding) has no split to merge: zeros, as the
             # combine kernel writes them.
             o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
             zero = tl.zeros([BLOCK_M, D_PAD], tl.float32).to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + o_off, zero, mask=row_ok[:, None] & d_ok[None, :])
-        if tile_lo >= tile_hi:
+        if split >= num_tiles:
             return
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_vh
-    # The block ids of tile j+1 are read during tile j, so no K/V address waits on the table
-    # inside an iteration (the pipeliner can then keep K/V tiles in flight behind the math).
-    pos = tile_lo * TILE_N + tl.arange(0, TILE_N)
-    blk_next = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos < limit, other=0)
-    for j in range(tile_lo, tile_hi):
+    # The block ids of a program's next tile are read during its current one, so no K/V address
+    # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
+    for j in range(split, num_tiles, NUM_SPLITS):
         pos = j * TILE_N + tl.arange(0, TILE_N)
         pos_ok = pos < limit
         blk = blk_next.to(tl.int64)
-        pos_next = pos + TILE_N
+        pos_next = pos + NUM_SPLITS * TILE_N
         blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
         off = pos % BLOCK_SIZE
         k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
@@ -150,7 +150,7 @@ def _attn_fwd(
             # second launch: every thread's stores are issued (barrier), then one acq_rel atomic
             # at GPU scope publishes them and tells this program whether it came last.
             tl.debug_barrier()
-            active = tl.cdiv(num_tiles, per_split)
+            active = tl.minimum(num_tiles, NUM_SPLITS)
             counter = counter_ptr + pid * tl.num_programs(1) + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
                 tl.store(counter, 0)  # ready for the next call (the next layer, the next step)
@@ -179,8 +179,7 @@ def _combine_splits(
     # The splits that had work, recomputed exactly as `_attn_fwd` chose them.
     # (a length-0 row, a decode graph's padding, has none and comes out as zeros)
     limit = tl.load(seq_lens_ptr + seq) - q_len + tl.minimum(qb_start + BLOCK_Q, q_len)
-    num_tiles = tl.cdiv(limit, TILE_N)
-    active = tl.cdiv(num_tiles, tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), 1))
+    active = tl.minimum(tl.cdiv(limit, TILE_N), NUM_SPLITS)
     _merge_splits(
         out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1), q_begin,
         qb_start, q_len, active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD,
@@ -201,26 +200,24 @@ def _merge_splits(
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
     base = (pid.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
-    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        live = tl.full([BLOCK_M], s, tl.int32) < active
-        m_at = m_ws_ptr + base + s * BLOCK_M + rows
-        m_s = tl.load(m_at, mask=live, other=float("-inf"), cache_modifier=".cg")
-        m_max = tl.maximum(m_max, m_s)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for s in range(NUM_SPLITS):
+    for s in tl.static_range(NUM_SPLITS):  # unrolled: no split's loads wait on another's
         row_at = base + s * BLOCK_M + rows
         live = tl.full([BLOCK_M], s, tl.int32) < active
         m_s = tl.load(m_ws_ptr + row_at, mask=live, other=float("-inf"), cache_modifier=".cg")
-        w = tl.exp2(m_s - m_max)
         l_s = tl.load(l_ws_ptr + row_at, mask=live, other=0.0, cache_modifier=".cg")
-        total += w * l_s
         part_at = acc_ws_ptr + row_at[:, None] * D_PAD + d[None, :]
         part_ok = live[:, None] & (d < D_PAD)[None, :]
         part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
-        acc += w[:, None] * part
+        m_new = tl.maximum(m_run, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w_run = tl.exp2(m_run - m_safe)
+        w_s = tl.exp2(m_s - m_safe)
+        total = total * w_run + l_s * w_s
+        acc = acc * w_run[:, None] + part * w_s[:, None]
+        m_run = m_new
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     tok = qb_start + rows // GROUP
     head = kvh * GROUP + rows % GROUP
@@ -308,7 +305,9 @@ def paged_attention(
         return out
     capability, num_sms = _device_info(q.device)
     decode = max_seqlen_q <= 1
-    cfg = config or lookup(capability, "decode" if decode else "prefill", head_dim)
+    wide = num_seqs * num_kv_heads > WIDE_PROGRAMS_PER_SM * num_sms
+    phase = ("decode_wide" if wide else "decode") if decode else "prefill"
+    cfg = config or lookup(capability, phase, head_dim)
     block_q, block_m = tile_shape(group, decode, cfg)
     one_qblock = max_seqlen_q <= block_q
     if decode:
@@ -331,7 +330,7 @@ def paged_attention(
     _attn_fwd[(grid0, num_kv_heads, splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
-        *v_cache.stride(), block_tables.stride(0),
+        *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
         BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,

@@ -187,8 +187,8 @@ def test_interp_prefill_splits(
 @pytest.mark.parametrize("splits", [1, 3])
 def test_interp_decode_graph_padding_rows_read_nothing(splits: int) -> None:
     """A decode graph pads its batch with rows of length 0 (int64 lengths, as the runner packs
-    them): they read no table entry (theirs is garbage) and come out as zeros; real rows are
-    unchanged. The reference op follows the same contract."""
+    them): their table entries (garbage) are never dereferenced, and they come out as zeros; real
+    rows are unchanged. The reference op follows the same contract."""
     b = make_batch(decodes(16), 16, (9, 3), seed=7)
     pad = 3
     n = len(b.q_lens)
@@ -466,14 +466,15 @@ TARGETS = {"sm75": 75, "sm80": 80, "sm90": 90}
 @pytest.mark.parametrize("key", sorted(configs.CONFIGS))
 def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) -> None:
     fam, phase = key
+    decode = phase.startswith("decode")
     dtypes = ["fp16"] if fam == "sm75" else ["fp16", "bf16"]
     for i, (group, head_dim) in enumerate([(7, 64), (3, 128), (1, 64)]):
         dtype = dtypes[i % len(dtypes)]
         cfg = configs.lookup((TARGETS[fam] // 10, TARGETS[fam] % 10), phase, head_dim)
-        block_q, block_m = ta.tile_shape(group, phase == "decode", cfg)
+        block_q, block_m = ta.tile_shape(group, decode, cfg)
         consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_SIZE=16)
         consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n)
-        consts.update(ONE_QBLOCK=phase == "decode", DOT_PREC="tf32")
+        consts.update(ONE_QBLOCK=decode, DOT_PREC="tf32")
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         ptrs = _attention_pointers(dtype)
         for splits, fused in [(1, False), (4, False), (4, True)]:  # prefill splits: graphs

@@ -127,7 +127,7 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
     q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), dtypes()[-1])
     cfg = replace(lookup(torch.cuda.get_device_capability(), "decode", 64), fused_combine=True)
     args = (q, k, v, table, lens, cu, 1, 8192, 0.125, splits)
-    want = paged_attention(*args)
+    want = paged_attention(*args, replace(cfg, fused_combine=False))
     for _ in range(3):
         torch.testing.assert_close(paged_attention(*args, cfg), want, atol=2e-2, rtol=1e-2)
     assert int(_COUNTERS[q.device].count_nonzero()) == 0
@@ -140,7 +140,10 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
     for shrink in (0, 5, 300):
         static_lens.copy_((lens - shrink).clamp_min(1))
         graph.replay()
-        ref = paged_attention(q, k, v, table, static_lens.clone(), cu, 1, 8192, 0.125, splits)
+        ref = paged_attention(
+            q, k, v, table, static_lens.clone(), cu, 1, 8192, 0.125, splits,
+            replace(cfg, fused_combine=False),
+        )  # fmt: skip
         torch.testing.assert_close(out, ref, atol=2e-2, rtol=1e-2)
 
 
