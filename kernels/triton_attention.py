@@ -76,8 +76,8 @@ def _attn_fwd(
     # first tile is known before the sequence's length: its block ids load alongside the
     # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    pos = split * TILE_N + tl.arange(0, TILE_N)
-    blk_next = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos // BLOCK_SIZE < bt_cols, other=0)
+    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+    blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)

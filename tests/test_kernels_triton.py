@@ -450,10 +450,11 @@ def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc
     return triton.compile(ASTSource(fn, sig, consts), target=target, options=options.__dict__)
 
 
-def _attention_pointers(dtype: str) -> dict[str, str]:
+def _attention_pointers(dtype: str, lengths: str = "i32") -> dict[str, str]:
     names = ["q_ptr", "k_ptr", "v_ptr", "out_ptr"]
     ptrs = {n: f"*{dtype}" for n in names}
-    ptrs.update({n: "*i32" for n in ["bt_ptr", "seq_lens_ptr", "cu_q_ptr"]})
+    ptrs["bt_ptr"] = "*i32"
+    ptrs.update({n: f"*{lengths}" for n in ["seq_lens_ptr", "cu_q_ptr"]})
     ptrs.update({n: "*fp32" for n in ["acc_ws_ptr", "m_ws_ptr", "l_ws_ptr"]})
     ptrs["counter_ptr"] = "*i32"
     return ptrs
@@ -476,7 +477,8 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
         consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n)
         consts.update(ONE_QBLOCK=decode, DOT_PREC="tf32")
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        ptrs = _attention_pointers(dtype)
+        # int64 lengths and offsets: how the engine's step graphs pack them
+        ptrs = _attention_pointers(dtype, lengths=["i32", "i64"][i % 2])
         for splits, fused in [(1, False), (4, False), (4, True)]:  # prefill splits: graphs
             variant = {**consts, "NUM_SPLITS": splits, "FUSED_COMBINE": fused}
             kernel = _compile(ta._attn_fwd, ptrs, variant, TARGETS[fam], launch)
