@@ -20,7 +20,7 @@ import torch
 from triton.testing import do_bench
 
 from kernels.bench import num_layers, per_call_ms
-from kernels.configs import AttentionConfig
+from kernels.configs import AttentionConfig, lookup
 from kernels.triton_attention import paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
@@ -36,6 +36,13 @@ DECODE_CONFIGS = [
     ]
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
+# Deep pipelines (3-4 K/V tiles in flight per program) with few splits: one program per SM
+# streaming a whole sequence needs ~32 KB in flight to keep its share of the bandwidth, and
+# no split means no merge at the end. `--deep` times them at 1 and 2 splits on batch >= 64,
+# beside the shipped config in the same run.
+DEEP_CONFIGS = [
+    AttentionConfig(16, t, w, s) for t, w, s in [(64, 4, 5), (64, 4, 6), (128, 4, 4), (64, 8, 5)]
+]
 
 
 def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
@@ -68,14 +75,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--prefill", action="store_true", help="also sweep the prefill configs")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="instead: batch >= 64, the shipped sm90 config against DEEP_CONFIGS at 1-2 splits",
+    )
     a = p.parse_args()
     dtype = torch.bfloat16
     rows: list[dict] = []
     a.out.mkdir(parents=True, exist_ok=True)
     for shape, (batch, ctx) in itertools.product(SHAPES, DECODE):
+        if a.deep and batch < 64:
+            continue
         case = _pools(shape, batch, ctx, dtype)
         key = {"phase": "decode", "shape": shape, "batch": batch, "ctx": ctx}
-        for cfg in DECODE_CONFIGS:
+        for cfg in [lookup((9, 0), "decode", 64)] if a.deep else DECODE_CONFIGS:
             try:
                 ms = _stack_ms(case, ctx, None, cfg)
             except Exception as e:  # e.g. out of shared memory: not a candidate
@@ -85,13 +99,21 @@ def main() -> None:
         mine = [r for r in rows if r["phase"] == "decode" and r["ms"] is not None]
         top = sorted((r for r in mine if r["shape"] == shape and r["batch"] == batch
                       and r["ctx"] == ctx), key=lambda r: r["ms"])[:2]  # fmt: skip
-        if batch <= 64:
+        if batch <= 64 and not a.deep:
             for r, n, fused in itertools.product(top, SPLITS, (False, True)):
                 if fused and n == 1:
                     continue
                 cfg = AttentionConfig(**{**r["cfg"], "fused_combine": fused})
                 ms = _stack_ms(case, ctx, n, cfg)
                 rows.append({**key, "phase": "splits", "cfg": cfg.__dict__, "splits": n, "ms": ms})
+        if a.deep:
+            for cfg, n in itertools.product(DEEP_CONFIGS, (1, 2)):
+                try:
+                    ms = _stack_ms(case, ctx, n, cfg)
+                except Exception as e:  # e.g. out of shared memory: not a candidate
+                    ms = None
+                    print(f"deep {cfg}: {type(e).__name__}")
+                rows.append({**key, "phase": "deep", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         del case
         torch.cuda.empty_cache()
         _write(a.out, rows)
@@ -114,7 +136,7 @@ def _write(out: Path, rows: list[dict]) -> dict:
 def _best_per_shape(rows: list[dict]) -> list[dict]:
     best: dict = {}
     for r in rows:
-        if r["phase"] in ("decode", "splits") and r["ms"] is not None:
+        if r["phase"] in ("decode", "splits", "deep") and r["ms"] is not None:
             key = (r["shape"], r["batch"], r["ctx"])
             if key not in best or r["ms"] < best[key]["ms"]:
                 best[key] = r

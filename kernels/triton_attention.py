@@ -24,6 +24,7 @@ from kernels.configs import WIDE_PROGRAMS_PER_SM, AttentionConfig, lookup
 
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
+UNROLL_MERGE_ROWS = tl.constexpr(512)  # merges of at most this many partial rows are unrolled
 LOG2E = 1.4426950408889634
 
 
@@ -188,6 +189,28 @@ def _combine_splits(
 
 
 @triton.jit
+def _merge_one(
+    m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, at, s, active,
+    D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Fold split `s`'s partial state (rows `at ...` of the workspace; nothing if `s >= active`)
+    into the running (max, sum, accumulator) of an online softmax."""
+    rows = at + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D_PAD)
+    live_rows = tl.full([BLOCK_M], s, tl.int32) < active
+    m_s = tl.load(m_ws_ptr + rows, mask=live_rows, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(l_ws_ptr + rows, mask=live_rows, other=0.0, cache_modifier=".cg")
+    part_ok = live_rows[:, None] & (d < D_PAD)[None, :]
+    part_at = acc_ws_ptr + rows[:, None] * D_PAD + d[None, :]
+    part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
+    m_new = tl.maximum(m_run, m_s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    w_run = tl.exp2(m_run - m_safe)
+    w_s = tl.exp2(m_s - m_safe)
+    return m_new, total * w_run + l_s * w_s, acc * w_run[:, None] + part * w_s[:, None]
+
+
+@triton.jit
 def _merge_splits(
     out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, num_kv_heads, q_begin, qb_start, q_len,
     active, stride_ot, stride_oh, stride_od,
@@ -203,21 +226,18 @@ def _merge_splits(
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):  # unrolled: no split's loads wait on another's
-        row_at = base + s * BLOCK_M + rows
-        live = tl.full([BLOCK_M], s, tl.int32) < active
-        m_s = tl.load(m_ws_ptr + row_at, mask=live, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(l_ws_ptr + row_at, mask=live, other=0.0, cache_modifier=".cg")
-        part_at = acc_ws_ptr + row_at[:, None] * D_PAD + d[None, :]
-        part_ok = live[:, None] & (d < D_PAD)[None, :]
-        part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w_run = tl.exp2(m_run - m_safe)
-        w_s = tl.exp2(m_s - m_safe)
-        total = total * w_run + l_s * w_s
-        acc = acc * w_run[:, None] + part * w_s[:, None]
-        m_run = m_new
+    if BLOCK_M * NUM_SPLITS <= UNROLL_MERGE_ROWS:  # unrolled: every split's loads issue at once
+        for s in tl.static_range(NUM_SPLITS):
+            m_run, total, acc = _merge_one(
+                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
+                D_PAD, BLOCK_M,
+            )  # fmt: skip
+    else:  # prefill query blocks: 16 unrolled partials of 128 rows spill (255 registers)
+        for s in range(NUM_SPLITS):
+            m_run, total, acc = _merge_one(
+                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
+                D_PAD, BLOCK_M,
+            )  # fmt: skip
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     tok = qb_start + rows // GROUP
     head = kvh * GROUP + rows % GROUP
@@ -338,6 +358,6 @@ def paged_attention(
     if splits > 1 and not fused:
         _combine_splits[(grid0, num_kv_heads)](
             out, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws, num_seqs, *out.stride(),
-            ONE_QBLOCK=one_qblock, **consts,
+            ONE_QBLOCK=one_qblock, num_warps=8 if block_m >= 64 else 4, **consts,
         )  # fmt: skip
     return out

@@ -4,7 +4,7 @@
 timeout 110 python3 -m pytest -q -x -m gpu tests/test_kernels_triton_gpu.py -p no:cacheprovider \
   > "$OUT/kernel_tests.txt" 2>&1
 grep -E "passed|failed" "$OUT/kernel_tests.txt" | tail -2
-timeout "${SWEEP_S:-420}" python3 -m kernels.sweep --prefill --out "$OUT" > "$OUT/sweep.log" 2>&1
+timeout "${SWEEP_S:-420}" python3 -m kernels.sweep ${SWEEP_ARGS:---prefill} --out "$OUT" > "$OUT/sweep.log" 2>&1
 python3 - <<'P'
 import json, os
 s = json.load(open(os.environ["OUT"] + "/sweep.json"))["summary"]
