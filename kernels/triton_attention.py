@@ -5,9 +5,10 @@ head (rows `m -> (token m // GROUP, head m % GROUP)`), so each K/V tile is loade
 It walks the sequence's KV positions `TILE_N` at a time through the block table (a tile may span
 several cache blocks), with an online softmax in float32. Decode batches may split each
 sequence's KV tiles over `NUM_SPLITS` programs, dealt round robin (flash-decoding); a small
-combine kernel merges
-the partial results (or, with `AttentionConfig.fused_combine`, the last split of each sequence and
-KV head to finish merges them in the same launch, counted by an atomic counter).
+combine kernel merges the partial results (or, with `AttentionConfig.fused_combine`, the last
+split of each sequence and KV head to finish merges them in the same launch, counted by an
+atomic counter). A program reads the block ids of its next tile while it computes the current
+one, so its K/V loads never wait on the table within an iteration.
 Same contract as `kernels.reference.paged_attention`.
 """
 
