@@ -207,8 +207,10 @@ class StepGraphs:
     def _decode_inputs(self, b: int) -> tuple:
         inputs = self._decode_flat[: 5 * b]
         view = inputs.view(5, b)
+        # The flat buffer is shared by every bucket: a larger one's -1 slots would be this one's
+        # token ids or positions in the warm-up run (a read before the rotary tables on the GPU).
+        inputs.zero_()  # ids, positions, lengths: padding reads nothing
         view[2].fill_(-1)  # slots: padding writes nothing
-        view[3].zero_()  # lengths: padding reads nothing
         tables = self._decode_tables[:b]
         meta = AttentionMetadata(
             slot_mapping=view[2],
@@ -227,6 +229,7 @@ class StepGraphs:
         tables = self._mixed_tables[:seqs]
         tok = inputs[: 3 * t].view(3, t)
         lens, cu, rows = inputs[3 * t :].split([seqs, seqs + 1, seqs])
+        inputs.zero_()  # shared by every key (see `_decode_inputs`): no other key's -1 slots
         tok[2].fill_(-1)
         meta = AttentionMetadata(
             slot_mapping=tok[2],

@@ -363,13 +363,39 @@ def test_interp_sample_temperature_frequencies() -> None:
 
 
 @interp
+def test_interp_bounds_check_catches_a_stray_address() -> None:
+    """The interpreter runs with `tests/interp_bounds.py` installed: an access past every
+    argument's storage raises, one the mask excludes does not."""
+    import triton
+    import triton.language as tl
+
+    from tests.interp_bounds import OutOfBounds
+
+    @triton.jit
+    def _copy(x_ptr, y_ptr, n, stride):
+        i = tl.arange(0, 8)
+        tl.store(y_ptr + i, tl.load(x_ptr + i * stride, mask=i < n, other=0.0), mask=i < 8)
+
+    x, y = torch.arange(8.0), torch.zeros(8)
+    _copy[(1,)](x, y, 8, 1)
+    assert torch.equal(y, x)
+    _copy[(1,)](x, y, 1, 1 << 40)  # only i = 0 is read
+    with pytest.raises(Exception) as caught:
+        _copy[(1,)](x, y, 8, 1 << 40)
+    assert isinstance(caught.value.__cause__, OutOfBounds) or "outside every" in str(caught.value)
+
+
+@interp
 def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The whole engine on the Triton kernels (interpreted), through its step graphs (emulated:
     decode, mixed and few-sequence ones, whose attention splits each query block's history
     16 ways), gives the greedy tokens of the eager reference path: a batch, then a prefix hit
-    of a few tokens after a 200-token history."""
+    of a few tokens after a 200-token history. Every access of every kernel, the graphs'
+    warm-up runs included, is bounds-checked (their input buffers are shared between keys:
+    stale -1 slots of one key once became another's positions, a read before the rotary
+    tables that killed a CUDA context)."""
     from engine import SamplingParams
     from engine.llm import LLM
     from tests.tiny_models import save_tiny_model
@@ -384,7 +410,7 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
         monkeypatch.setenv("PAGEDCTL_KERNELS", backend)
         llm = LLM(
             str(tmp_path), device="cpu", dtype="float32", max_num_seqs=8,
-            max_num_batched_tokens=256, cuda_graphs=graphs,
+            max_num_batched_tokens=512, cuda_graphs=graphs,  # two mixed and two few keys
         )  # fmt: skip
         tokens = [o.outputs[0].token_ids for o in llm.generate(batch, greedy)]
         for prompt in (history, history + [7, 8, 9]):  # the second one hits the first's blocks
