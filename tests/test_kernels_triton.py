@@ -363,6 +363,17 @@ def test_interp_sample_temperature_frequencies() -> None:
 
 
 @interp
+@pytest.mark.parametrize("key", sorted(configs.CONFIGS))
+def test_interp_shipped_gpu_configs_match_reference(key: tuple[str, str]) -> None:
+    """The tile shapes the GPUs run (128-row prefill blocks, 128-token decode tiles, the fused
+    merge) are interpreted too, bounds-checked, against the naive attention: a mixed batch and a
+    decode batch with garbage table padding, split 3 ways."""
+    cfg = configs.CONFIGS[key]
+    make_batch(mixed(16), 16, (9, 3), seed=11).check(config=cfg)
+    make_batch(decodes(32), 32, (14, 2), seed=12).check(config=cfg, num_splits=3)
+
+
+@interp
 def test_interp_bounds_check_catches_a_stray_address() -> None:
     """The interpreter runs with `tests/interp_bounds.py` installed: an access past every
     argument's storage raises, one the mask excludes does not."""
