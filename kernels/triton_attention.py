@@ -259,6 +259,7 @@ def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
 
 
 _COUNTERS: dict[torch.device, Tensor] = {}
+_PINNED: list[Tensor] = []  # counter buffers a captured graph may point at: never freed
 
 
 def _split_counters(device: torch.device, n: int) -> Tensor:
@@ -266,12 +267,18 @@ def _split_counters(device: torch.device, n: int) -> Tensor:
 
     Each call leaves them zero again (the merging program resets its counter), so one buffer per
     device serves every call. It grows outside CUDA-graph capture only; a capture that needs
-    more gets a fresh zeroed buffer of its own (the zero-fill is then part of the graph).
+    more gets a fresh zeroed buffer of its own (the zero-fill is then part of the graph). A graph
+    replays into whatever buffer it captured, so no buffer that may have been captured is ever
+    freed: a freed one would be handed to other tensors while the graph still counts into it.
     """
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(n, dtype=torch.int32, device=device)
+            own = torch.zeros(n, dtype=torch.int32, device=device)
+            _PINNED.append(own)
+            return own
+        if buf is not None:
+            _PINNED.append(buf)
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf
