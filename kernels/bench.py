@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from kernels.configs import WIDE_PROGRAMS_PER_SM, lookup
+from kernels.configs import lookup, phase_of
 from kernels.triton_attention import _device_info, choose_num_splits, paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
@@ -128,8 +128,7 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
     if choose_num_splits(batch, hkv, ctx, sms) > 1:  # the same splits, merged the other way
-        wide = batch * hkv > WIDE_PROGRAMS_PER_SM * sms
-        shipped = lookup(capability, "decode_wide" if wide else "decode", d)
+        shipped = lookup(capability, phase_of(True, batch, hkv, sms), d)
         other = replace(shipped, fused_combine=not shipped.fused_combine)
         key = "ms_fused_combine" if other.fused_combine else "ms_combine_kernel"
         row[key] = per_call_ms(calls(False, None, other))

@@ -72,6 +72,14 @@ def family(capability: tuple[int, int]) -> str:
     return "sm80" if capability[0] == 8 else "sm90"
 
 
+def phase_of(decode: bool, num_seqs: int, num_kv_heads: int, num_sms: int) -> str:
+    """The config phase of an attention call: "prefill", or "decode" / "decode_wide" by how many
+    (sequence, KV head) programs its grid has per SM."""
+    if not decode:
+        return "prefill"
+    return "decode_wide" if num_seqs * num_kv_heads > WIDE_PROGRAMS_PER_SM * num_sms else "decode"
+
+
 def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> AttentionConfig:
     """The shipped config for a device (`None` = the CPU interpreter), phase and head size."""
     if capability is None:

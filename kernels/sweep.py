@@ -20,8 +20,8 @@ import torch
 from triton.testing import do_bench
 
 from kernels.bench import num_layers, per_call_ms
-from kernels.configs import AttentionConfig, lookup
-from kernels.triton_attention import paged_attention
+from kernels.configs import AttentionConfig, lookup, phase_of
+from kernels.triton_attention import _device_info, paged_attention
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 DECODE = [(1, 8192), (8, 2048), (64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument(
         "--deep",
         action="store_true",
-        help="instead: batch >= 64, the shipped sm90 config against DEEP_CONFIGS at 1-2 splits",
+        help="instead: batch >= 64, the shipped config against DEEP_CONFIGS at 1-2 splits",
     )
     a = p.parse_args()
     dtype = torch.bfloat16
@@ -89,7 +89,9 @@ def main() -> None:
             continue
         case = _pools(shape, batch, ctx, dtype)
         key = {"phase": "decode", "shape": shape, "batch": batch, "ctx": ctx}
-        for cfg in [lookup((9, 0), "decode", 64)] if a.deep else DECODE_CONFIGS:
+        capability, sms = _device_info(torch.device("cuda"))
+        shipped = lookup(capability, phase_of(True, batch, SHAPES[shape][1], sms), 64)
+        for cfg in [shipped] if a.deep else DECODE_CONFIGS:
             try:
                 ms = _stack_ms(case, ctx, None, cfg)
             except Exception as e:  # e.g. out of shared memory: not a candidate

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.configs import WIDE_PROGRAMS_PER_SM, AttentionConfig, lookup
+from kernels.configs import AttentionConfig, lookup, phase_of
 
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
@@ -333,8 +333,7 @@ def paged_attention(
         return out
     capability, num_sms = _device_info(q.device)
     decode = max_seqlen_q <= 1
-    wide = num_seqs * num_kv_heads > WIDE_PROGRAMS_PER_SM * num_sms
-    phase = ("decode_wide" if wide else "decode") if decode else "prefill"
+    phase = phase_of(decode, num_seqs, num_kv_heads, num_sms)
     cfg = config or lookup(capability, phase, head_dim)
     block_q, block_m = tile_shape(group, decode, cfg)
     one_qblock = max_seqlen_q <= block_q
