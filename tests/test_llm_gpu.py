@@ -68,24 +68,24 @@ def _bundled_model() -> str | None:
     return None if not is_installed(default_model_dir()) else "SmolLM2-135M-Instruct"
 
 
+BUNDLED_PROMPTS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU cache is.",
+    "Give me three ideas for a rainy Sunday.",
+    "How do I make green tea?",
+    "What is 17 times 23?",
+    "Translate 'thank you' into German.",
+    "Name a famous bridge.",
+)
+
+
 def test_bundled_model_greedy_on_gpu_matches_the_cpu_path():
     """The Triton kernels (GPU, fp32) give the CPU reference path's greedy tokens on SmolLM2."""
     model = _bundled_model()
     if model is None:
         pytest.skip("the bundled model is not on this machine (set PAGEDCTL_TEST_GGUF)")
-    chats = [
-        [{"role": "user", "content": c}]
-        for c in (
-            "What is the capital of France?",
-            "Write a haiku about the sea.",
-            "Explain what a CPU cache is.",
-            "Give me three ideas for a rainy Sunday.",
-            "How do I make green tea?",
-            "What is 17 times 23?",
-            "Translate 'thank you' into German.",
-            "Name a famous bridge.",
-        )
-    ]
+    chats = [[{"role": "user", "content": c}] for c in BUNDLED_PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=64)
     gpu = LLM(model, device="cuda", dtype="float32", num_blocks=512)
     cpu = LLM(model, device="cpu", dtype="float32", num_blocks=512)

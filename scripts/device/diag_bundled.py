@@ -1,4 +1,6 @@
-"""Which variant of the engine faults on the bundled model (fp32, as test_llm_gpu runs it)."""
+"""Which variant of the engine faults on the bundled model (fp32, as test_llm_gpu runs it).
+
+Run from the repository root (it imports the GPU test's prompts from `tests`)."""
 
 import os
 import sys
@@ -8,24 +10,13 @@ from dataclasses import replace
 import kernels.configs as configs
 from engine import SamplingParams
 from engine.llm import LLM
+from tests.test_llm_gpu import BUNDLED_PROMPTS  # the GPU test's prompts
 
 variant = sys.argv[1]
 if variant == "nofused":
     for k in list(configs.CONFIGS):
         configs.CONFIGS[k] = replace(configs.CONFIGS[k], fused_combine=False)
-chats = [
-    [{"role": "user", "content": c}]
-    for c in (
-        "What is the capital of France?",
-        "Write a haiku about the sea.",
-        "Explain what a CPU cache is.",
-        "Give me three ideas for a rainy Sunday.",
-        "How do I make green tea?",
-        "What is 17 times 23?",
-        "Translate 'thank you' into German.",
-        "Name a famous bridge.",
-    )
-]
+chats = [[{"role": "user", "content": c}] for c in BUNDLED_PROMPTS]
 try:
     llm = LLM(
         os.environ["PAGEDCTL_TEST_GGUF"],
