@@ -71,6 +71,21 @@ def _stack_ms(case, ctx: int, splits: int | None, cfg: AttentionConfig) -> float
     return per_call_ms(calls)
 
 
+def _candidate_ms(case, ctx: int, splits: int | None, cfg: AttentionConfig) -> float | None:
+    """`_stack_ms`, or None for a config this device cannot run (e.g. out of shared memory)."""
+    try:
+        return _stack_ms(case, ctx, splits, cfg)
+    except Exception as e:
+        print(f"{cfg} at {splits or 'policy'} splits: {type(e).__name__}")
+        return None
+
+
+def _shipped(shape: str, batch: int) -> AttentionConfig:
+    """The config `paged_attention` picks on this device for a decode batch of `shape`."""
+    capability, sms = _device_info(torch.device("cuda"))
+    return lookup(capability, phase_of(True, batch, SHAPES[shape][1], sms), SHAPES[shape][2])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, required=True)
@@ -89,14 +104,8 @@ def main() -> None:
             continue
         case = _pools(shape, batch, ctx, dtype)
         key = {"phase": "decode", "shape": shape, "batch": batch, "ctx": ctx}
-        capability, sms = _device_info(torch.device("cuda"))
-        shipped = lookup(capability, phase_of(True, batch, SHAPES[shape][1], sms), 64)
-        for cfg in [shipped] if a.deep else DECODE_CONFIGS:
-            try:
-                ms = _stack_ms(case, ctx, None, cfg)
-            except Exception as e:  # e.g. out of shared memory: not a candidate
-                ms = None
-                print(f"decode {cfg}: {type(e).__name__}")
+        for cfg in [_shipped(shape, batch)] if a.deep else DECODE_CONFIGS:
+            ms = _candidate_ms(case, ctx, None, cfg)
             rows.append({**key, "cfg": cfg.__dict__, "splits": "policy", "ms": ms})
         mine = [r for r in rows if r["phase"] == "decode" and r["ms"] is not None]
         top = sorted((r for r in mine if r["shape"] == shape and r["batch"] == batch
@@ -110,11 +119,7 @@ def main() -> None:
                 rows.append({**key, "phase": "splits", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         if a.deep:
             for cfg, n in itertools.product(DEEP_CONFIGS, (1, 2)):
-                try:
-                    ms = _stack_ms(case, ctx, n, cfg)
-                except Exception as e:  # e.g. out of shared memory: not a candidate
-                    ms = None
-                    print(f"deep {cfg}: {type(e).__name__}")
+                ms = _candidate_ms(case, ctx, n, cfg)
                 rows.append({**key, "phase": "deep", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         del case
         torch.cuda.empty_cache()
