@@ -216,7 +216,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         "",
         f"copy bandwidth {bw / 1e9:.0f} GB/s, matmul {mm / 1e12:.0f} TFLOP/s; torch "
         f"{env['torch']}, triton {env['triton']}; an empty kernel costs "
-        f"{env.get('empty_kernel_us', float('nan')):.1f} us per call in the same kind of graph",
+        f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph",
         "",
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
         "(as a decode step replays them; `layers` in the JSON); eager: one call launched from "
