@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,13 +37,16 @@ DECODE_CONFIGS = [
     ]
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
-# Deep pipelines (3-4 K/V tiles in flight per program) with few splits: one program per SM
-# streaming a whole sequence needs ~32 KB in flight to keep its share of the bandwidth, and
-# no split means no merge at the end. `--deep` times them at 1 and 2 splits on batch >= 64,
-# beside the shipped config in the same run.
+# Deep pipelines (3-7 K/V tiles in flight per program) with few splits: one program per SM
+# streaming a whole sequence needs ~32-64 KB in flight to keep its share of the bandwidth, and
+# no split means no merge at the end. `--deep` times them on DEEP_SHAPES at 1 split and, at
+# batch 64, at 2 and 3 splits with the fused combine, beside the shipped config in the same run.
 DEEP_CONFIGS = [
-    AttentionConfig(16, t, w, s) for t, w, s in [(64, 4, 5), (64, 4, 6), (128, 4, 4), (64, 8, 5)]
-]
+    AttentionConfig(16, t, w, s)
+    for t, w, s in [(64, 4, 4), (64, 4, 5), (64, 4, 6), (64, 4, 8), (128, 4, 4), (128, 4, 5),
+                    (64, 8, 5)]
+]  # fmt: skip
+DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 
 
 def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
@@ -93,15 +97,13 @@ def main() -> None:
     p.add_argument(
         "--deep",
         action="store_true",
-        help="instead: batch >= 64, the shipped config against DEEP_CONFIGS at 1-2 splits",
+        help="instead: the shipped config against DEEP_CONFIGS on DEEP_SHAPES",
     )
     a = p.parse_args()
     dtype = torch.bfloat16
     rows: list[dict] = []
     a.out.mkdir(parents=True, exist_ok=True)
-    for shape, (batch, ctx) in itertools.product(SHAPES, DECODE):
-        if a.deep and batch < 64:
-            continue
+    for shape, (batch, ctx) in itertools.product(SHAPES, DEEP_SHAPES if a.deep else DECODE):
         case = _pools(shape, batch, ctx, dtype)
         key = {"phase": "decode", "shape": shape, "batch": batch, "ctx": ctx}
         for cfg in [_shipped(shape, batch)] if a.deep else DECODE_CONFIGS:
@@ -118,7 +120,8 @@ def main() -> None:
                 ms = _stack_ms(case, ctx, n, cfg)
                 rows.append({**key, "phase": "splits", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         if a.deep:
-            for cfg, n in itertools.product(DEEP_CONFIGS, (1, 2)):
+            for cfg, n in itertools.product(DEEP_CONFIGS, (1, 2, 3) if batch <= 64 else (1,)):
+                cfg = replace(cfg, fused_combine=n > 1)
                 ms = _candidate_ms(case, ctx, n, cfg)
                 rows.append({**key, "phase": "deep", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         del case
