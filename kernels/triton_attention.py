@@ -7,8 +7,8 @@ several cache blocks), with an online softmax in float32. Decode batches may spl
 sequence's KV tiles over `NUM_SPLITS` programs, dealt round robin (flash-decoding); a small
 combine kernel merges the partial results (or, with `AttentionConfig.fused_combine`, the last
 split of each sequence and KV head to finish merges them in the same launch, counted by an
-atomic counter). A program reads the block ids of its next tile while it computes the current
-one, so its K/V loads never wait on the table within an iteration.
+atomic counter). A program holds the block ids of its next `lookahead` tiles in registers
+while it computes the current one, so no K/V load waits on a table read.
 Same contract as `kernels.reference.paged_attention`.
 """
 
@@ -68,7 +68,7 @@ def _attn_fwd(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
-    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr,
+    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, LOOKAHEAD: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -77,9 +77,18 @@ def _attn_fwd(
     # Tiles are dealt to splits round robin (split s takes tiles s, s + S, ...), so a program's
     # first tile is known before the sequence's length: its block ids load alongside the
     # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
+    # LOOKAHEAD tiles' block ids are in registers ahead of the tile being computed: a K/V load
+    # issued `num_stages - 1` tiles ahead then never waits on a table read of its own (that read
+    # queues behind the K/V traffic in flight, a full memory latency per tile).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-    blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
+    blk_a = tl.load(bt_row + first, mask=first < bt_cols, other=0)
+    if LOOKAHEAD >= 2:
+        second = ((split + NUM_SPLITS) * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+        blk_b = tl.load(bt_row + second, mask=second < bt_cols, other=0)
+    if LOOKAHEAD >= 3:
+        third = ((split + 2 * NUM_SPLITS) * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+        blk_c = tl.load(bt_row + third, mask=third < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -113,14 +122,18 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_vh
-    # The block ids of a program's next tile are read during its current one, so no K/V address
-    # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
     for j in range(split, num_tiles, NUM_SPLITS):
         pos = j * TILE_N + tl.arange(0, TILE_N)
         pos_ok = pos < limit
-        blk = blk_next.to(tl.int64)
-        pos_next = pos + NUM_SPLITS * TILE_N
-        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
+        blk = blk_a.to(tl.int64)
+        pos_ahead = pos + LOOKAHEAD * NUM_SPLITS * TILE_N
+        ahead = tl.load(bt_row + pos_ahead // BLOCK_SIZE, mask=pos_ahead < limit, other=0)
+        if LOOKAHEAD == 1:
+            blk_a = ahead
+        elif LOOKAHEAD == 2:
+            blk_a, blk_b = blk_b, ahead
+        else:
+            blk_a, blk_b, blk_c = blk_b, blk_c, ahead
         off = pos % BLOCK_SIZE
         k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
         k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
@@ -358,7 +371,7 @@ def paged_attention(
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
-        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused,
+        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, LOOKAHEAD=cfg.lookahead,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip

@@ -231,6 +231,21 @@ def test_interp_tiles_inside_and_across_blocks(
 
 
 @interp
+@pytest.mark.parametrize("lookahead", [2, 3])
+@pytest.mark.parametrize(("block_size", "tile_n"), [(64, 16), (16, 64)])
+def test_interp_block_ids_held_tiles_ahead(block_size: int, tile_n: int, lookahead: int) -> None:
+    """Block ids read 2-3 tiles ahead (the table's tail, past a sequence's end, only ever feeds
+    masked loads): prefill, chunked and decode rows, and split decode with tiles dealt round
+    robin (a tile smaller than a block, so the ids ahead are not a whole number of blocks on)."""
+    cfg = configs.AttentionConfig(16, tile_n, 4, 1, min_rows=1, lookahead=lookahead)
+    make_batch(mixed(block_size), block_size, (9, 3), seed=lookahead).check(config=cfg)
+    decode = make_batch(decodes(block_size), block_size, (14, 2), seed=tile_n)
+    decode.check(config=cfg, num_splits=3)
+    fused = configs.AttentionConfig(16, tile_n, 4, 1, 1, fused_combine=True, lookahead=lookahead)
+    decode.check(config=fused, num_splits=5)
+
+
+@interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_interp_shared_prefix_blocks_and_fused_kv_views(dtype: torch.dtype) -> None:
     specs = [(1, 40), (7, 33), (1, 32), (20, 60)]
