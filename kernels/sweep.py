@@ -37,15 +37,16 @@ DECODE_CONFIGS = [
     ]
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
-# Deep pipelines (3-7 K/V tiles in flight per program) with few splits: one program per SM
-# streaming a whole sequence needs ~32-64 KB in flight to keep its share of the bandwidth, and
-# no split means no merge at the end. `--deep` times them on DEEP_SHAPES at 1 split and, at
-# batch 64, at 2 and 3 splits with the fused combine, beside the shipped config in the same run.
+# Narrow programs for decode (one or two warps: no cross-warp reductions or shared-memory
+# round trip of the probabilities inside the loop, more programs per SM) against the shipped
+# width, at 1-8 splits. (Deeper pipelines at 1-3 splits were timed too and lost:
+# results/kernels-sweep-deep-h200.json.) `--deep` times them on DEEP_SHAPES, at batch 256 unsplit.
 DEEP_CONFIGS = [
     AttentionConfig(16, t, w, s)
-    for t, w, s in [(64, 4, 4), (64, 4, 5), (64, 4, 6), (64, 4, 8), (128, 4, 4), (128, 4, 5),
-                    (64, 8, 5)]
+    for t, w, s in [(64, 4, 3), (64, 1, 3), (32, 1, 3), (32, 1, 4), (64, 2, 3), (32, 2, 3),
+                    (128, 1, 3)]
 ]  # fmt: skip
+DEEP_SPLITS = (1, 2, 3, 4, 6, 8)
 DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 
 
@@ -120,7 +121,7 @@ def main() -> None:
                 ms = _stack_ms(case, ctx, n, cfg)
                 rows.append({**key, "phase": "splits", "cfg": cfg.__dict__, "splits": n, "ms": ms})
         if a.deep:
-            for cfg, n in itertools.product(DEEP_CONFIGS, (1, 2, 3) if batch <= 64 else (1,)):
+            for cfg, n in itertools.product(DEEP_CONFIGS, DEEP_SPLITS if batch <= 64 else (1,)):
                 cfg = replace(cfg, fused_combine=n > 1)
                 ms = _candidate_ms(case, ctx, n, cfg)
                 rows.append({**key, "phase": "deep", "cfg": cfg.__dict__, "splits": n, "ms": ms})
