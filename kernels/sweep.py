@@ -37,16 +37,17 @@ DECODE_CONFIGS = [
     ]
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
-# Narrow programs for decode (one or two warps: no cross-warp reductions or shared-memory
-# round trip of the probabilities inside the loop, more programs per SM) against the shipped
-# width, at 1-8 splits. (Deeper pipelines at 1-3 splits were timed too and lost:
-# results/kernels-sweep-deep-h200.json.) `--deep` times them on DEEP_SHAPES, at batch 256 unsplit.
+# Decode tiles cut into per-warp slices (`AttentionConfig.slices`: no cross-warp reduction or
+# shared-memory round trip of the probabilities inside the loop) against the shipped config, at
+# 1-6 splits. (Deeper pipelines and 1-2 warp programs were timed before and lost:
+# results/kernels-sweep-deep-h200.json, results/kernels-sweep-narrow-h200.json.) `--deep` times
+# them on DEEP_SHAPES, at batch 256 unsplit.
 DEEP_CONFIGS = [
-    AttentionConfig(16, t, w, s)
-    for t, w, s in [(64, 4, 3), (64, 1, 3), (32, 1, 3), (32, 1, 4), (64, 2, 3), (32, 2, 3),
-                    (128, 1, 3)]
+    AttentionConfig(16, t, w, s, slices=n)
+    for t, w, s, n in [(64, 4, 3, 1), (64, 4, 3, 4), (64, 4, 4, 4), (128, 8, 3, 8),
+                       (32, 2, 3, 2), (128, 4, 3, 4), (128, 8, 4, 8)]
 ]  # fmt: skip
-DEEP_SPLITS = (1, 2, 3, 4, 6, 8)
+DEEP_SPLITS = (1, 2, 3, 4, 6)
 DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 
 

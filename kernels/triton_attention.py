@@ -7,8 +7,8 @@ several cache blocks), with an online softmax in float32. Decode batches may spl
 sequence's KV tiles over `NUM_SPLITS` programs, dealt round robin (flash-decoding); a small
 combine kernel merges the partial results (or, with `AttentionConfig.fused_combine`, the last
 split of each sequence and KV head to finish merges them in the same launch, counted by an
-atomic counter). A program holds the block ids of its next `lookahead` tiles in registers
-while it computes the current one, so no K/V load waits on a table read.
+atomic counter). A program reads the block ids of its next tile while it computes the current
+one, so its K/V loads never wait on the table within an iteration.
 Same contract as `kernels.reference.paged_attention`.
 """
 
@@ -68,7 +68,7 @@ def _attn_fwd(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
-    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, LOOKAHEAD: tl.constexpr,
+    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -77,18 +77,12 @@ def _attn_fwd(
     # Tiles are dealt to splits round robin (split s takes tiles s, s + S, ...), so a program's
     # first tile is known before the sequence's length: its block ids load alongside the
     # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
-    # LOOKAHEAD tiles' block ids are in registers ahead of the tile being computed: a K/V load
-    # issued `num_stages - 1` tiles ahead then never waits on a table read of its own (that read
-    # queues behind the K/V traffic in flight, a full memory latency per tile).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-    blk_a = tl.load(bt_row + first, mask=first < bt_cols, other=0)
-    if LOOKAHEAD >= 2:
-        second = ((split + NUM_SPLITS) * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-        blk_b = tl.load(bt_row + second, mask=second < bt_cols, other=0)
-    if LOOKAHEAD >= 3:
-        third = ((split + 2 * NUM_SPLITS) * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-        blk_c = tl.load(bt_row + third, mask=third < bt_cols, other=0)
+    if SUB > 1:  # the tile as SUB slices of TILE_N // SUB positions, one per warp
+        first = (split * TILE_N + _slice_positions(SUB, TILE_N)) // BLOCK_SIZE
+    else:
+        first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+    blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -117,38 +111,20 @@ def _attn_fwd(
             tl.store(out_ptr + o_off, zero, mask=row_ok[:, None] & d_ok[None, :])
         if split >= num_tiles:
             return
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_vh
-    for j in range(split, num_tiles, NUM_SPLITS):
-        pos = j * TILE_N + tl.arange(0, TILE_N)
-        pos_ok = pos < limit
-        blk = blk_a.to(tl.int64)
-        pos_ahead = pos + LOOKAHEAD * NUM_SPLITS * TILE_N
-        ahead = tl.load(bt_row + pos_ahead // BLOCK_SIZE, mask=pos_ahead < limit, other=0)
-        if LOOKAHEAD == 1:
-            blk_a = ahead
-        elif LOOKAHEAD == 2:
-            blk_a, blk_b = blk_b, ahead
-        else:
-            blk_a, blk_b, blk_c = blk_b, blk_c, ahead
-        off = pos % BLOCK_SIZE
-        k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
-        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
-        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    if SUB > 1:
+        m_i, l_i, acc = _decode_slices(
+            q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, qk_scale,
+            stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+            HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_M, TILE_N, NUM_SPLITS, DOT_PREC, SUB,
+        )  # fmt: skip
+    else:
+        m_i, l_i, acc = _tiles(
+            q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, q_pos, qk_scale,
+            stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+            HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_M, TILE_N, NUM_SPLITS, DOT_PREC,
+        )  # fmt: skip
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
@@ -174,6 +150,110 @@ def _attn_fwd(
                     q_begin, qb_start, q_len, active, stride_ot, stride_oh, stride_od,
                     GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M, NUM_SPLITS,
                 )  # fmt: skip
+
+
+@triton.jit
+def _tiles(
+    q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, q_pos, qk_scale,
+    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Online softmax of a program's query rows over its KV tiles (`split`, `split + S`, ...):
+    (row max, row sum, unnormalised output) in the log2 domain."""
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    # The block ids of a program's next tile are read during its current one, so no K/V address
+    # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
+    for j in range(split, num_tiles, NUM_SPLITS):
+        pos = j * TILE_N + tl.arange(0, TILE_N)
+        pos_ok = pos < limit
+        blk = blk_next.to(tl.int64)
+        pos_next = pos + NUM_SPLITS * TILE_N
+        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
+        off = pos % BLOCK_SIZE
+        k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
+        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
+        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _slice_positions(SUB: tl.constexpr, TILE_N: tl.constexpr):
+    """[SUB, 1, TILE_N // SUB] offsets of a tile's positions, slice by slice."""
+    tw: tl.constexpr = TILE_N // SUB
+    sub = tl.arange(0, SUB)[:, None, None]
+    return sub * tw + tl.arange(0, tw)[None, None, :]
+
+
+@triton.jit
+def _decode_slices(
+    q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, qk_scale,
+    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr, SUB: tl.constexpr,
+):  # fmt: skip
+    """`_tiles` for one decode token: each tile is cut into SUB slices, each with its own online
+    softmax state (a batched dot puts one slice on each warp), so no row reduction, and no
+    probability, crosses warps inside the loop; the slices merge once at the end. Every row
+    sees every key below `limit` (one query token, the last position)."""
+    tw: tl.constexpr = TILE_N // SUB
+    d = tl.arange(0, D_PAD)
+    d_k = d[None, :, None]  # K slices [SUB, D, TW]
+    d_v = d[None, None, :]  # V slices [SUB, TW, D]
+    q3 = tl.broadcast_to(q[None, :, :], (SUB, BLOCK_M, D_PAD))
+    m_i = tl.full([SUB, BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([SUB, BLOCK_M], tl.float32)
+    acc = tl.zeros([SUB, BLOCK_M, D_PAD], tl.float32)
+    offs = _slice_positions(SUB, TILE_N)  # [SUB, 1, TW]
+    # V's positions run down its rows: its block ids are read in that shape too (a reshape of
+    # K's would be a shared-memory round trip every tile)
+    offs_v = tl.arange(0, SUB)[:, None, None] * tw + tl.arange(0, tw)[None, :, None]
+    first_v = (split * TILE_N + offs_v) // BLOCK_SIZE
+    blk_next_v = tl.load(bt_row + first_v, mask=first_v * BLOCK_SIZE < limit, other=0)
+    for j in range(split, num_tiles, NUM_SPLITS):
+        pos = j * TILE_N + offs
+        pos_ok = pos < limit
+        blk = blk_next.to(tl.int64)
+        blk_v = blk_next_v.to(tl.int64)
+        pos_next = pos + NUM_SPLITS * TILE_N
+        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
+        pos_next_v = j * TILE_N + offs_v + NUM_SPLITS * TILE_N
+        blk_next_v = tl.load(bt_row + pos_next_v // BLOCK_SIZE, mask=pos_next_v < limit, other=0)
+        k_off = blk * stride_kb + (pos % BLOCK_SIZE) * stride_ko + d_k * stride_kd
+        k = tl.load(k_head + k_off, mask=(d_k < HEAD_DIM) & pos_ok, other=0.0)
+        s = tl.dot(q3, k, input_precision=DOT_PREC) * qk_scale  # [SUB, BLOCK_M, TW]
+        s = tl.where(pos_ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 2))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slice past the end
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, :, None])
+        l_i = l_i * alpha + tl.sum(p, 2)
+        pos_v = j * TILE_N + offs_v
+        v_off = blk_v * stride_vb + (pos_v % BLOCK_SIZE) * stride_vo + d_v * stride_vd
+        v = tl.load(v_head + v_off, mask=(pos_v < limit) & (d_v < HEAD_DIM), other=0.0)
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    m = tl.max(m_i, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(m_i - m_safe[None, :])
+    return m, tl.sum(l_i * w, 0), tl.sum(acc * w[:, :, None], 0)
 
 
 @triton.jit
@@ -371,7 +451,8 @@ def paged_attention(
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
-        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, LOOKAHEAD=cfg.lookahead,
+        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused,
+        SUB=cfg.slices if decode else 1,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip

@@ -231,18 +231,32 @@ def test_interp_tiles_inside_and_across_blocks(
 
 
 @interp
-@pytest.mark.parametrize("lookahead", [2, 3])
-@pytest.mark.parametrize(("block_size", "tile_n"), [(64, 16), (16, 64)])
-def test_interp_block_ids_held_tiles_ahead(block_size: int, tile_n: int, lookahead: int) -> None:
-    """Block ids read 2-3 tiles ahead (the table's tail, past a sequence's end, only ever feeds
-    masked loads): prefill, chunked and decode rows, and split decode with tiles dealt round
-    robin (a tile smaller than a block, so the ids ahead are not a whole number of blocks on)."""
-    cfg = configs.AttentionConfig(16, tile_n, 4, 1, min_rows=1, lookahead=lookahead)
-    make_batch(mixed(block_size), block_size, (9, 3), seed=lookahead).check(config=cfg)
-    decode = make_batch(decodes(block_size), block_size, (14, 2), seed=tile_n)
-    decode.check(config=cfg, num_splits=3)
-    fused = configs.AttentionConfig(16, tile_n, 4, 1, 1, fused_combine=True, lookahead=lookahead)
-    decode.check(config=fused, num_splits=5)
+@pytest.mark.parametrize(("tile_n", "slices"), [(64, 4), (64, 2), (32, 2)])
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("heads", [(14, 2), (9, 3)])
+def test_interp_decode_tile_slices(
+    heads: tuple[int, int], block_size: int, tile_n: int, slices: int
+) -> None:
+    """Decode tiles cut into slices with their own softmax states (one per warp on a GPU),
+    merged at the end: unsplit, split with more splits than some sequences have tiles, merged
+    by the combine kernel or in the last split, and with length-0 padding rows; slices past a
+    sequence's end (and NaN in its unused slots) contribute nothing."""
+    cfg = configs.AttentionConfig(16, tile_n, 4, 1, slices=slices)
+    b = make_batch(decodes(block_size), block_size, heads, seed=tile_n + slices)
+    b.check(config=cfg)
+    b.check(config=cfg, num_splits=5)
+    b.check(config=configs.AttentionConfig(16, tile_n, 4, 1, fused_combine=True, slices=slices))
+    make_batch(mixed(block_size), block_size, heads, seed=slices).check(config=cfg)  # prefill
+    n, pad = len(b.q_lens), 2  # padding rows of a decode graph: length 0, garbage table rows
+    q = torch.cat([b.q, torch.randn(pad, *b.q.shape[1:])])
+    table = torch.cat([b.table, torch.full((pad, b.table.shape[1]), GARBAGE_BLOCK).int()])
+    lens = torch.cat([b.seq_lens, torch.zeros(pad, dtype=torch.int32)])
+    cu = torch.arange(n + pad + 1, dtype=torch.int32)
+    for splits in (1, 3):
+        out = ta.paged_attention(
+            q, b.k_cache, b.v_cache, table, lens, cu, 1, 300, 0.125, num_splits=splits, config=cfg
+        )
+        assert torch.equal(out[n:], torch.zeros_like(out[n:]))
 
 
 @interp
