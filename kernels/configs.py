@@ -28,9 +28,6 @@ class AttentionConfig:
         min_rows: smallest row count of a decode program (tensor-core GPUs pad to 16 anyway).
         fused_combine: split-KV decode merges its partials in the last split program to finish
             (an atomic counter per sequence and KV head) instead of a second kernel launch.
-        slices: decode cuts each tile into this many slices of `tile_n // slices` (>= 16)
-            positions, each with its own softmax state on its own warp (see
-            `triton_attention._decode_slices`); 1 = the whole tile shared by all warps.
     """
 
     block_m: int
@@ -39,7 +36,6 @@ class AttentionConfig:
     num_stages: int
     min_rows: int = 16
     fused_combine: bool = False
-    slices: int = 1
 
 
 # Decode grids of more (sequence, KV head) programs per SM than this use "decode_wide".

@@ -68,7 +68,7 @@ def _attn_fwd(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
-    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, SUB: tl.constexpr,
+    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -78,10 +78,7 @@ def _attn_fwd(
     # first tile is known before the sequence's length: its block ids load alongside the
     # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    if SUB > 1:  # the tile as SUB slices of TILE_N // SUB positions, one per warp
-        first = (split * TILE_N + _slice_positions(SUB, TILE_N)) // BLOCK_SIZE
-    else:
-        first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
     blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
@@ -111,20 +108,49 @@ def _attn_fwd(
             tl.store(out_ptr + o_off, zero, mask=row_ok[:, None] & d_ok[None, :])
         if split >= num_tiles:
             return
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    # Decode keeps its row sums per column and sums them once after the loop: a row's columns
+    # span every warp, so a sum per tile is a shared-memory reduction and barrier each time
+    # (prefill's 128-row blocks would not keep the registers: they sum per tile).
+    if BLOCK_Q == 1:
+        l_acc = tl.zeros([BLOCK_M, TILE_N], tl.float32)
+    else:
+        l_acc = tl.zeros([BLOCK_M, 1], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_vh
-    if SUB > 1:
-        m_i, l_i, acc = _decode_slices(
-            q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, qk_scale,
-            stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-            HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_M, TILE_N, NUM_SPLITS, DOT_PREC, SUB,
-        )  # fmt: skip
-    else:
-        m_i, l_i, acc = _tiles(
-            q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, q_pos, qk_scale,
-            stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-            HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_M, TILE_N, NUM_SPLITS, DOT_PREC,
-        )  # fmt: skip
+    # The block ids of a program's next tile are read during its current one, so no K/V address
+    # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
+    for j in range(split, num_tiles, NUM_SPLITS):
+        pos = j * TILE_N + tl.arange(0, TILE_N)
+        pos_ok = pos < limit
+        blk = blk_next.to(tl.int64)
+        pos_next = pos + NUM_SPLITS * TILE_N
+        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
+        off = pos % BLOCK_SIZE
+        k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
+        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
+        if BLOCK_Q == 1:  # one query token, the last position: every key below `limit`
+            s = tl.where(pos_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`
+            m_safe = m_new
+        else:
+            visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        if BLOCK_Q == 1:
+            l_acc = l_acc * alpha[:, None] + p
+        else:
+            l_acc = l_acc * alpha[:, None] + tl.sum(p, 1, keep_dims=True)
+        v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
+        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    l_i = tl.sum(l_acc, 1)
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
@@ -150,110 +176,6 @@ def _attn_fwd(
                     q_begin, qb_start, q_len, active, stride_ot, stride_oh, stride_od,
                     GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M, NUM_SPLITS,
                 )  # fmt: skip
-
-
-@triton.jit
-def _tiles(
-    q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, q_pos, qk_scale,
-    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Online softmax of a program's query rows over its KV tiles (`split`, `split + S`, ...):
-    (row max, row sum, unnormalised output) in the log2 domain."""
-    d = tl.arange(0, D_PAD)
-    d_ok = d < HEAD_DIM
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    # The block ids of a program's next tile are read during its current one, so no K/V address
-    # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
-    for j in range(split, num_tiles, NUM_SPLITS):
-        pos = j * TILE_N + tl.arange(0, TILE_N)
-        pos_ok = pos < limit
-        blk = blk_next.to(tl.int64)
-        pos_next = pos + NUM_SPLITS * TILE_N
-        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
-        off = pos % BLOCK_SIZE
-        k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
-        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
-        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _slice_positions(SUB: tl.constexpr, TILE_N: tl.constexpr):
-    """[SUB, 1, TILE_N // SUB] offsets of a tile's positions, slice by slice."""
-    tw: tl.constexpr = TILE_N // SUB
-    sub = tl.arange(0, SUB)[:, None, None]
-    return sub * tw + tl.arange(0, tw)[None, None, :]
-
-
-@triton.jit
-def _decode_slices(
-    q, k_head, v_head, bt_row, blk_next, split, num_tiles, limit, qk_scale,
-    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PREC: tl.constexpr, SUB: tl.constexpr,
-):  # fmt: skip
-    """`_tiles` for one decode token: each tile is cut into SUB slices, each with its own online
-    softmax state (a batched dot puts one slice on each warp), so no row reduction, and no
-    probability, crosses warps inside the loop; the slices merge once at the end. Every row
-    sees every key below `limit` (one query token, the last position)."""
-    tw: tl.constexpr = TILE_N // SUB
-    d = tl.arange(0, D_PAD)
-    d_k = d[None, :, None]  # K slices [SUB, D, TW]
-    d_v = d[None, None, :]  # V slices [SUB, TW, D]
-    q3 = tl.broadcast_to(q[None, :, :], (SUB, BLOCK_M, D_PAD))
-    m_i = tl.full([SUB, BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([SUB, BLOCK_M], tl.float32)
-    acc = tl.zeros([SUB, BLOCK_M, D_PAD], tl.float32)
-    offs = _slice_positions(SUB, TILE_N)  # [SUB, 1, TW]
-    # V's positions run down its rows: its block ids are read in that shape too (a reshape of
-    # K's would be a shared-memory round trip every tile)
-    offs_v = tl.arange(0, SUB)[:, None, None] * tw + tl.arange(0, tw)[None, :, None]
-    first_v = (split * TILE_N + offs_v) // BLOCK_SIZE
-    blk_next_v = tl.load(bt_row + first_v, mask=first_v * BLOCK_SIZE < limit, other=0)
-    for j in range(split, num_tiles, NUM_SPLITS):
-        pos = j * TILE_N + offs
-        pos_ok = pos < limit
-        blk = blk_next.to(tl.int64)
-        blk_v = blk_next_v.to(tl.int64)
-        pos_next = pos + NUM_SPLITS * TILE_N
-        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
-        pos_next_v = j * TILE_N + offs_v + NUM_SPLITS * TILE_N
-        blk_next_v = tl.load(bt_row + pos_next_v // BLOCK_SIZE, mask=pos_next_v < limit, other=0)
-        k_off = blk * stride_kb + (pos % BLOCK_SIZE) * stride_ko + d_k * stride_kd
-        k = tl.load(k_head + k_off, mask=(d_k < HEAD_DIM) & pos_ok, other=0.0)
-        s = tl.dot(q3, k, input_precision=DOT_PREC) * qk_scale  # [SUB, BLOCK_M, TW]
-        s = tl.where(pos_ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 2))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slice past the end
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, :, None])
-        l_i = l_i * alpha + tl.sum(p, 2)
-        pos_v = j * TILE_N + offs_v
-        v_off = blk_v * stride_vb + (pos_v % BLOCK_SIZE) * stride_vo + d_v * stride_vd
-        v = tl.load(v_head + v_off, mask=(pos_v < limit) & (d_v < HEAD_DIM), other=0.0)
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    m = tl.max(m_i, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(m_i - m_safe[None, :])
-    return m, tl.sum(l_i * w, 0), tl.sum(acc * w[:, :, None], 0)
 
 
 @triton.jit
@@ -452,7 +374,6 @@ def paged_attention(
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
         BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused,
-        SUB=cfg.slices if decode else 1,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip

@@ -231,35 +231,6 @@ def test_interp_tiles_inside_and_across_blocks(
 
 
 @interp
-@pytest.mark.parametrize(("tile_n", "slices"), [(64, 4), (64, 2), (32, 2)])
-@pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("heads", [(14, 2), (9, 3)])
-def test_interp_decode_tile_slices(
-    heads: tuple[int, int], block_size: int, tile_n: int, slices: int
-) -> None:
-    """Decode tiles cut into slices with their own softmax states (one per warp on a GPU),
-    merged at the end: unsplit, split with more splits than some sequences have tiles, merged
-    by the combine kernel or in the last split, and with length-0 padding rows; slices past a
-    sequence's end (and NaN in its unused slots) contribute nothing."""
-    cfg = configs.AttentionConfig(16, tile_n, 4, 1, slices=slices)
-    b = make_batch(decodes(block_size), block_size, heads, seed=tile_n + slices)
-    b.check(config=cfg)
-    b.check(config=cfg, num_splits=5)
-    b.check(config=configs.AttentionConfig(16, tile_n, 4, 1, fused_combine=True, slices=slices))
-    make_batch(mixed(block_size), block_size, heads, seed=slices).check(config=cfg)  # prefill
-    n, pad = len(b.q_lens), 2  # padding rows of a decode graph: length 0, garbage table rows
-    q = torch.cat([b.q, torch.randn(pad, *b.q.shape[1:])])
-    table = torch.cat([b.table, torch.full((pad, b.table.shape[1]), GARBAGE_BLOCK).int()])
-    lens = torch.cat([b.seq_lens, torch.zeros(pad, dtype=torch.int32)])
-    cu = torch.arange(n + pad + 1, dtype=torch.int32)
-    for splits in (1, 3):
-        out = ta.paged_attention(
-            q, b.k_cache, b.v_cache, table, lens, cu, 1, 300, 0.125, num_splits=splits, config=cfg
-        )
-        assert torch.equal(out[n:], torch.zeros_like(out[n:]))
-
-
-@interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_interp_shared_prefix_blocks_and_fused_kv_views(dtype: torch.dtype) -> None:
     specs = [(1, 40), (7, 33), (1, 32), (20, 60)]
