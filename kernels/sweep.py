@@ -37,16 +37,14 @@ DECODE_CONFIGS = [
     ]
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts, timed with the best configs
-# Decode tiles cut into per-warp slices (`AttentionConfig.slices`: no cross-warp reduction or
-# shared-memory round trip of the probabilities inside the loop) against the shipped config, at
-# 1-6 splits. (Deeper pipelines and 1-2 warp programs were timed before and lost:
-# results/kernels-sweep-deep-h200.json, results/kernels-sweep-narrow-h200.json.) `--deep` times
-# them on DEEP_SHAPES, at batch 256 unsplit.
+# `--deep`: candidates beside the shipped config at 1-6 splits on DEEP_SHAPES (batch 256
+# unsplit). Timed on the H200 and lost to the shipped config on the batch-64 shapes: deeper
+# pipelines (4-8 stages; results/kernels-sweep-deep-h200.json), programs of 1-2 warps
+# (kernels-sweep-narrow-h200.json), and tiles cut into per-warp slices, each with its own
+# softmax state and no cross-warp traffic inside the loop (kernels-sweep-slices-h200.json).
 DEEP_CONFIGS = [
-    AttentionConfig(16, t, w, s, slices=n)
-    for t, w, s, n in [(64, 4, 3, 1), (64, 4, 3, 4), (64, 4, 4, 4), (128, 8, 3, 8),
-                       (32, 2, 3, 2), (128, 4, 3, 4), (128, 8, 4, 8)]
-]  # fmt: skip
+    AttentionConfig(16, t, w, s) for t, w, s in [(64, 4, 3), (64, 4, 4), (64, 4, 5), (128, 4, 3)]
+]
 DEEP_SPLITS = (1, 2, 3, 4, 6)
 DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 

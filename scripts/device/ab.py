@@ -1,0 +1,28 @@
+"""A/B of the decode kernel: `python scripts/device/ab.py OLD.py`, where OLD.py is an older copy of
+kernels/triton_attention.py (`git show REV:kernels/triton_attention.py > /tmp/old.py`, carried to
+the device as an untracked file). Same shapes, shipped configs and split policy, layer-stacked
+graphs as `kernels.sweep` times them, in the order old, new, new, old (means of two)."""
+
+import importlib.util
+import sys
+
+import torch
+
+import kernels.sweep as sw
+import kernels.triton_attention as new
+
+spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
+old = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(old)
+for shape in sw.SHAPES:
+    for batch, ctx in sw.DECODE:
+        case = sw._pools(shape, batch, ctx, torch.bfloat16)
+        cfg = sw._shipped(shape, batch)
+        t = {}
+        for name in ("old", "new", "new", "old"):
+            sw.paged_attention = (old if name == "old" else new).paged_attention
+            t.setdefault(name, []).append(sw._stack_ms(case, ctx, None, cfg) * 1e3)
+        o, n = sum(t["old"]) / 2, sum(t["new"]) / 2
+        print(f"{shape[:5]} {batch:4d} x {ctx:5d}: old {o:6.1f} us  new {n:6.1f} us  {n / o:.3f}")
+        del case
+        torch.cuda.empty_cache()
