@@ -1,7 +1,8 @@
 """A/B of the decode kernel: `python scripts/device/ab.py OLD.py`, where OLD.py is an older copy of
 kernels/triton_attention.py (`git show REV:kernels/triton_attention.py > /tmp/old.py`, carried to
 the device as an untracked file). Same shapes, shipped configs and split policy, layer-stacked
-graphs as `kernels.sweep` times them, in the order old, new, new, old (means of two)."""
+graphs as `kernels.sweep` times them, in the order old, new, new, old (means of two); each line
+also gives the largest difference between the two kernels' outputs on its first layer."""
 
 import importlib.util
 import sys
@@ -18,11 +19,18 @@ for shape in sw.SHAPES:
     for batch, ctx in sw.DECODE:
         case = sw._pools(shape, batch, ctx, torch.bfloat16)
         cfg = sw._shipped(shape, batch)
+        q, pools, lens, cu, scale = case
+        k, v, table = pools[0]
+        outs = [m.paged_attention(q, k, v, table, lens, cu, 1, ctx, scale) for m in (old, new)]
+        diff = (outs[0].float() - outs[1].float()).abs().max().item()
         t = {}
         for name in ("old", "new", "new", "old"):
             sw.paged_attention = (old if name == "old" else new).paged_attention
             t.setdefault(name, []).append(sw._stack_ms(case, ctx, None, cfg) * 1e3)
         o, n = sum(t["old"]) / 2, sum(t["new"]) / 2
-        print(f"{shape[:5]} {batch:4d} x {ctx:5d}: old {o:6.1f} us  new {n:6.1f} us  {n / o:.3f}")
+        print(
+            f"{shape[:5]} {batch:4d} x {ctx:5d}: old {o:6.1f} us  new {n:6.1f} us  {n / o:.3f}  "
+            f"max |new - old| {diff:.2e}"
+        )
         del case
         torch.cuda.empty_cache()
