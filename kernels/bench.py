@@ -208,6 +208,41 @@ def matmul_rate(dtype, device) -> float:
     return 2 * 8192**3 / (_ms(lambda: a @ b) * 1e-3)
 
 
+def fixed_and_streaming(decode: list[dict], bandwidth: float) -> list[dict]:
+    """Per (shape, batch, block) over its contexts: the line time = fixed + bytes / rate that
+    minimises the relative residuals, with the rate as a fraction of the copy bandwidth and the
+    worst relative residual.
+
+    Splits the shortfall of a short context into what every call pays once (the graph node's
+    launch and drain, each program's dependent loads at its start, the merge at its end) and the
+    streaming, which long contexts show on their own.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in decode:
+        groups.setdefault((r["shape"], r["batch"], r["block"]), []).append(r)
+    fits = []
+    for (shape, batch, block), rows in groups.items():
+        if len(rows) < 3:
+            continue
+        xs = [r["bytes"] for r in rows]
+        ys = [r["ms_random"] * 1e-3 for r in rows]
+        ws = [1 / y**2 for y in ys]  # relative residuals: short contexts count as much as long
+        sw, sx = sum(ws), sum(w * x for w, x in zip(ws, xs, strict=True))
+        sy = sum(w * y for w, y in zip(ws, ys, strict=True))
+        sxx = sum(w * x * x for w, x in zip(ws, xs, strict=True))
+        sxy = sum(w * x * y for w, x, y in zip(ws, xs, ys, strict=True))
+        slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+        fixed = (sy - slope * sx) / sw
+        n = len(rows)
+        worst = max(abs(fixed + slope * x - y) / y for x, y in zip(xs, ys, strict=True))
+        fits.append(
+            {"shape": shape, "batch": batch, "block": block, "contexts": n,
+             "fixed_us": fixed * 1e6, "rate_fraction": 1 / slope / bandwidth,
+             "worst_residual": worst}
+        )  # fmt: skip
+    return fits
+
+
 def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) -> str:
     """kernels.json and kernels.md under `out` from the rows so far (called as rows land, so a
     run cut short by its time limit still leaves its tables)."""
@@ -268,6 +303,20 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         lines.append(head + " | ".join(cells) + " |")
     lines += [
         "",
+        "Time against bytes over each row's contexts (`time = fixed + bytes / rate`, least "
+        "squares of the relative residuals): what a call pays once, and the rate of its "
+        "streaming; worst = the largest relative distance of a measured time from the line:",
+        "",
+        "| shape | batch | block | contexts | fixed us | rate, % of copy bw | worst |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in fixed_and_streaming(decode, bw):
+        lines.append(
+            f"| {f['shape']} | {f['batch']} | {f['block']} | {f['contexts']} | "
+            f"{f['fixed_us']:.1f} | {f['rate_fraction']:.0%} | {f['worst_residual']:.1%} |"
+        )
+    lines += [
+        "",
         "| prefill shape | q_len | ms | floor ms | SDPA causal ms |",
         "|---|---|---|---|---|",
     ]
@@ -285,7 +334,14 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--quick", action="store_true", help="a small sweep")
+    p.add_argument(
+        "--render", type=Path, metavar="JSON", help="rewrite the tables of a kernels.json, no GPU"
+    )
     a = p.parse_args()
+    if a.render:
+        d = json.loads(a.render.read_text())
+        print(write(a.out, d["environment"], d["decode"], d["peers"], d["prefill"]))
+        return
     device, dtype = torch.device("cuda"), getattr(torch, a.dtype)
     bw, mm = copy_bandwidth(device), matmul_rate(dtype, device)
     env = {
