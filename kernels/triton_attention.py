@@ -109,9 +109,9 @@ def _attn_fwd(
         if split >= num_tiles:
             return
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    # Decode keeps its row sums per column and sums them once after the loop: a row's columns
-    # span every warp, so a sum per tile is a shared-memory reduction and barrier each time
-    # (prefill's 128-row blocks would not keep the registers: they sum per tile).
+    # One-token query blocks (decode) keep their row sums per column and sum them once after
+    # the loop: a row's columns span every warp, so a sum per tile is a shared-memory reduction
+    # and barrier each time (prefill's 128-row blocks would not keep the registers).
     if BLOCK_Q == 1:
         l_acc = tl.zeros([BLOCK_M, TILE_N], tl.float32)
     else:
@@ -131,8 +131,8 @@ def _attn_fwd(
         k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
         k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
         s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
-        if BLOCK_Q == 1:  # one query token, the last position: every key below `limit`
-            s = tl.where(pos_ok[None, :], s, float("-inf"))
+        if BLOCK_Q == 1:  # one query token a program (decode): it sees exactly the keys below
+            s = tl.where(pos_ok[None, :], s, float("-inf"))  # `limit`, its own position + 1
             m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`
             m_safe = m_new
         else:

@@ -231,6 +231,17 @@ def test_interp_tiles_inside_and_across_blocks(
 
 
 @interp
+@pytest.mark.parametrize("splits", [None, 3])
+def test_interp_prefill_one_token_query_blocks(splits: int | None) -> None:
+    """A GQA group as large as a program's rows gives prefill query blocks of one token: the
+    decode-shaped path (visibility by length, row sums after the loop) then serves prefill,
+    chunked prefill and prefix hits, each block seeing the keys up to its own token."""
+    cfg = configs.AttentionConfig(block_m=16, tile_n=32, num_warps=4, num_stages=1)
+    assert ta.tile_shape(16, False, cfg) == (1, 16)
+    make_batch(mixed(16), 16, (16, 1), seed=5).check(config=cfg, num_splits=splits)
+
+
+@interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_interp_shared_prefix_blocks_and_fused_kv_views(dtype: torch.dtype) -> None:
     specs = [(1, 40), (7, 33), (1, 32), (20, 60)]
