@@ -28,6 +28,9 @@ class AttentionConfig:
         min_rows: smallest row count of a decode program (tensor-core GPUs pad to 16 anyway).
         fused_combine: split-KV decode merges its partials in the last split program to finish
             (an atomic counter per sequence and KV head) instead of a second kernel launch.
+        pdl: decode launches as a programmatic dependent launch on sm_90+ (see
+            `triton_attention._attn_fwd`): its programs start while the kernel before it (the
+            engine's `write_kv`) runs and read the tables and lengths, then wait for it.
     """
 
     block_m: int
@@ -36,6 +39,7 @@ class AttentionConfig:
     num_stages: int
     min_rows: int = 16
     fused_combine: bool = False
+    pdl: bool = False
 
 
 # Decode grids of more (sequence, KV head) programs per SM than this use "decode_wide".

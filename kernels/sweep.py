@@ -4,7 +4,9 @@
 of our models (each a stack of per-layer caches in one CUDA graph, as `kernels.bench` times them),
 then forced split counts with the two best configs of each shape (with and without the fused
 combine), and, with `--prefill`, the prefill configs; it writes the timings and the winners,
-which are copied by hand into `kernels/configs.py` and `choose_num_splits`.
+which are copied by hand into `kernels/configs.py` and `choose_num_splits`. Instead, `--deep` times
+DEEP_CONFIGS beside the shipped config, and `--pdl` the shipped config with and without a
+programmatic dependent launch, alone and behind `write_kv` as the engine runs it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from triton.testing import do_bench
 from kernels.bench import num_layers, per_call_ms
 from kernels.configs import AttentionConfig, lookup, phase_of
 from kernels.triton_attention import _device_info, paged_attention
+from kernels.triton_kv import write_kv
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 DECODE = [(1, 8192), (8, 2048), (64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
@@ -47,6 +50,7 @@ DEEP_CONFIGS = [
 ]
 DEEP_SPLITS = (1, 2, 3, 4, 6)
 DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
+PDL_SHAPES = [(1, 8192), (64, 512), (64, 2048), (64, 8192), (256, 2048)]
 
 
 def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
@@ -99,10 +103,18 @@ def main() -> None:
         action="store_true",
         help="instead: the shipped config against DEEP_CONFIGS on DEEP_SHAPES",
     )
+    p.add_argument(
+        "--pdl",
+        action="store_true",
+        help="instead: the shipped config with and without a programmatic dependent launch",
+    )
     a = p.parse_args()
     dtype = torch.bfloat16
     rows: list[dict] = []
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.pdl:
+        _pdl(a.out, rows, dtype)
+        return
     for shape, (batch, ctx) in itertools.product(SHAPES, DEEP_SHAPES if a.deep else DECODE):
         case = _pools(shape, batch, ctx, dtype)
         key = {"phase": "decode", "shape": shape, "batch": batch, "ctx": ctx}
@@ -130,6 +142,42 @@ def main() -> None:
     if a.prefill:
         _prefill(rows, dtype)
     print(json.dumps(_write(a.out, rows), indent=1))
+
+
+def _pdl(out: Path, rows: list[dict], dtype, block: int = 16) -> None:
+    """The shipped decode config with and without `pdl`, on PDL_SHAPES: alone (a stack of
+    attention calls, as `kernels.bench` times them) and behind the `write_kv` of each sequence's
+    newest token, as a layer of the engine runs them; attention's own time there is the pair's
+    time less a stack of the writes alone (a programmatic launch only overlaps the kernel just
+    before it, which in the engine is that write, not another attention)."""
+    for shape, (batch, ctx) in itertools.product(SHAPES, PDL_SHAPES):
+        q, pools, lens, cu, scale = _pools(shape, batch, ctx, dtype, block)
+        _, hkv, d = SHAPES[shape]
+        last = lens.long() - 1
+        new = torch.randn(2, batch, hkv, d, dtype=dtype, device="cuda")
+        writes = []
+        for k, v, t in pools:
+            slots = t.long().gather(1, (last // block)[:, None])[:, 0] * block + last % block
+            writes.append(functools.partial(write_kv, new[0], new[1], k, v, slots))
+        write_ms = per_call_ms(writes)
+        for pdl in (False, True):
+            cfg = replace(_shipped(shape, batch), pdl=pdl)
+            attn = [
+                functools.partial(paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, None, cfg)
+                for k, v, t in pools
+            ]
+            pairs = [call for pair in zip(writes, attn, strict=True) for call in pair]
+            rows.append(
+                {"phase": "pdl", "shape": shape, "batch": batch, "ctx": ctx, "cfg": cfg.__dict__,
+                 "splits": "policy", "ms": per_call_ms(attn), "ms_write_kv": write_ms,
+                 "ms_after_write_kv": 2 * per_call_ms(pairs) - write_ms}
+            )  # fmt: skip
+            r = rows[-1]
+            print(f"{shape[:5]} {batch:4d} x {ctx:5d} pdl={pdl!s:5}: alone "
+                  f"{r['ms'] * 1e3:6.1f} us, after write_kv {r['ms_after_write_kv'] * 1e3:6.1f} "
+                  f"us (write_kv {write_ms * 1e3:.1f} us)")  # fmt: skip
+        torch.cuda.empty_cache()
+        (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1))
 
 
 def _write(out: Path, rows: list[dict]) -> dict:

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.configs import AttentionConfig, lookup, phase_of
 
@@ -68,7 +69,7 @@ def _attn_fwd(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
-    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr,
+    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -86,6 +87,12 @@ def _attn_fwd(
     if qb_start >= q_len:
         return
     context = seq_len - q_len
+    if PDL:
+        # A programmatic dependent launch starts while the kernel before it still runs. Only
+        # the tables and lengths are read above: the kernels that write them finished before
+        # that one (the engine's `write_kv`, which writes the new K/V rows) started. The queries
+        # and the cache are read below, once it has finished and its writes are visible.
+        gdc_wait()
     rows = tl.arange(0, BLOCK_M)
     tok = qb_start + rows // GROUP
     head = kvh * GROUP + rows % GROUP
@@ -150,6 +157,8 @@ def _attn_fwd(
         v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
+    if PDL:
+        gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -359,6 +368,7 @@ def paged_attention(
     d_pad = max(16, triton.next_power_of_2(head_dim))
     grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     fused = splits > 1 and cfg.fused_combine
+    pdl = cfg.pdl and decode and capability is not None and capability[0] >= 9
     if splits > 1:
         ws = (grid0, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
@@ -373,7 +383,8 @@ def paged_attention(
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
-        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused,
+        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,
+        launch_pdl=pdl,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip

@@ -1,14 +1,21 @@
 """Triton KV write: each new token's K and V rows into its cache slot (`slot < 0` is skipped).
 
+On sm_90+ it lets a programmatically launched kernel after it (decode attention with
+`AttentionConfig.pdl`) start at once; that kernel waits for this one before it reads the cache.
+
 Same contract as `kernels.reference.write_kv`; the caches may be strided views (for example two
 halves of one `[num_blocks, 2, block_size, Hkv, D]` tensor).
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents
 
 
 @triton.jit
@@ -18,8 +25,10 @@ def _write_kv(
     stride_kcb, stride_kco, stride_kch, stride_kcd,
     stride_vcb, stride_vco, stride_vch, stride_vcd,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    H_PAD: tl.constexpr, D_PAD: tl.constexpr, TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    if TRIGGER:  # sm_90+: a programmatically launched attention may start its prologue now
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -37,6 +46,12 @@ def _write_kv(
     tl.store(v_cache_ptr + v_at, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+@functools.cache
+def _sm90(device: torch.device) -> bool:
+    """Whether `device` runs grid dependency control (Hopper and newer)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def write_kv(
     key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
 ) -> None:
@@ -49,5 +64,5 @@ def write_kv(
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
         BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
-        num_warps=1,
+        TRIGGER=_sm90(k_cache.device), num_warps=1,
     )  # fmt: skip

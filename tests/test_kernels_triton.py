@@ -523,7 +523,7 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
         block_q, block_m = ta.tile_shape(group, decode, cfg)
         consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_SIZE=16)
         consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n)
-        consts.update(ONE_QBLOCK=decode, DOT_PREC="tf32")
+        consts.update(ONE_QBLOCK=decode, DOT_PREC="tf32", PDL=cfg.pdl and decode)
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         # int64 lengths and offsets: how the engine's step graphs pack them
         ptrs = _attention_pointers(dtype, lengths=["i32", "i64"][i % 2])
@@ -533,7 +533,7 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
             if fam == "sm75":
                 assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
                 assert "mma" not in kernel.asm["ptx"]  # Turing: FMA dots only
-        del consts["BLOCK_SIZE"], consts["DOT_PREC"]
+        del consts["BLOCK_SIZE"], consts["DOT_PREC"], consts["PDL"]
         _compile(ta._combine_splits, ptrs, {**consts, "NUM_SPLITS": 4}, TARGETS[fam], {})
 
 
@@ -543,14 +543,28 @@ def test_fp32_test_path_and_write_kv_compile(cc: int) -> None:
     cfg = configs.lookup((cc // 10, cc % 10), "prefill", 64)
     consts = dict(GROUP=3, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=32, BLOCK_Q=21, BLOCK_M=64)
     consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=1, ONE_QBLOCK=False, DOT_PREC="ieee")
-    consts["FUSED_COMBINE"] = False
+    consts.update(FUSED_COMBINE=False, PDL=False)
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     kernel = _compile(ta._attn_fwd, _attention_pointers("fp32"), consts, cc, launch)
     assert cc != 75 or kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
     ptrs = {n: "*fp16" for n in ["key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr"]}
     ptrs["slot_ptr"] = "*i64"
     consts = dict(BLOCK_SIZE=16, NUM_KV_HEADS=3, HEAD_DIM=64, H_PAD=4, D_PAD=64)
-    _compile(triton_kv._write_kv, ptrs, consts, cc, {"num_warps": 1})
+    kernel = _compile(triton_kv._write_kv, ptrs, {**consts, "TRIGGER": cc >= 90}, cc, {})
+    assert ("griddepcontrol.launch_dependents" in kernel.asm["ptx"]) == (cc >= 90)
+
+
+@compiled
+def test_programmatic_dependent_launch_compiles_for_hopper() -> None:
+    """With `AttentionConfig.pdl`, sm_90 decode waits on the grid before it (after reading the
+    tables and lengths) and lets the next one launch after its loop; no other family gets it."""
+    consts = dict(GROUP=7, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=16, BLOCK_Q=1, BLOCK_M=16)
+    consts.update(TILE_N=64, NUM_SPLITS=3, ONE_QBLOCK=True, DOT_PREC="tf32")
+    consts.update(FUSED_COMBINE=True, PDL=True)
+    kernel = _compile(ta._attn_fwd, _attention_pointers("bf16"), consts, 90, {"num_warps": 4})
+    ptx = kernel.asm["ptx"]
+    assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
+    assert not any(c.pdl for (fam, _), c in configs.CONFIGS.items() if fam != "sm90")
 
 
 @compiled

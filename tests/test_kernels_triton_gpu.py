@@ -251,3 +251,54 @@ def test_fused_sampler_frequencies_on_cuda() -> None:
     freq = torch.bincount(got, minlength=151936).double() / n
     probs = torch.softmax(logits[0].double() / t, dim=-1)
     assert float((freq - probs).abs().max()) < 2 / n + 1e-6
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_programmatic_dependent_launch_waits_for_write_kv(splits: int) -> None:
+    """Decode attention launched as a programmatic dependent launch (`AttentionConfig.pdl`, on
+    sm_90+) right behind the `write_kv` that stores its newest token, layer after layer in one
+    CUDA graph: every layer's output includes that token (the attention waited for the write)."""
+    from dataclasses import replace
+
+    from kernels.configs import lookup
+    from kernels.triton_attention import paged_attention
+
+    dev, dtype, batch, block_size, ctx, layers = torch.device("cuda"), dtypes()[-1], 64, 16, 2048, 6
+    num_heads, num_kv_heads, head_dim = 14, 2, 64
+    cfg = replace(lookup(torch.cuda.get_device_capability(), "decode", head_dim), pdl=True)
+    per_seq = ctx // block_size
+    table = torch.randperm(batch * per_seq, device=dev).view(batch, per_seq).int()
+    caches = [
+        tuple(torch.randn(batch * per_seq, block_size, num_kv_heads, head_dim, device=dev).to(dtype)
+              for _ in range(2))
+        for _ in range(layers)
+    ]  # fmt: skip
+    q = torch.randn(batch, num_heads, head_dim, device=dev).to(dtype)
+    new = torch.zeros(layers, 2, batch, num_kv_heads, head_dim, dtype=dtype, device=dev)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    last = lens.long() - 1
+    slots = table.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size
+    slots += last % block_size
+
+    def stack() -> list[Tensor]:
+        outs = []
+        for (k, v), (nk, nv) in zip(caches, new, strict=True):
+            kernels.write_kv(nk, nv, k, v, slots)
+            outs.append(paged_attention(q, k, v, table, lens, cu, 1, ctx, 0.125, splits, cfg))
+        return outs
+
+    stack()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = stack()
+    for _ in range(3):
+        new.copy_(10 * torch.randn_like(new, dtype=torch.float32))  # large: a stale read shows
+        graph.replay()
+        torch.cuda.synchronize()
+        for (k, v), (nk, _), out in zip(caches, new, outs, strict=True):
+            assert torch.equal(k.view(-1, num_kv_heads, head_dim)[slots], nk)
+            ref = reference.paged_attention(q, k, v, table, lens, cu, 1, ctx, 0.125)
+            atol, rtol = TOL[dtype]
+            torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
