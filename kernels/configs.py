@@ -84,6 +84,14 @@ def phase_of(decode: bool, num_seqs: int, num_kv_heads: int, num_sms: int) -> st
     return "decode_wide" if num_seqs * num_kv_heads > WIDE_PROGRAMS_PER_SM * num_sms else "decode"
 
 
+def uses_pdl(capability: tuple[int, int]) -> bool:
+    """Whether a shipped decode config of this CUDA device launches programmatically (sm_90+)."""
+    fam = family(capability)
+    return fam == "sm90" and any(
+        c.pdl for (f, ph), c in CONFIGS.items() if f == fam and ph != "prefill"
+    )
+
+
 def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> AttentionConfig:
     """The shipped config for a device (`None` = the CPU interpreter), phase and head size."""
     if capability is None:

@@ -155,13 +155,17 @@ def _pdl(out: Path, rows: list[dict], dtype, block: int = 16) -> None:
         _, hkv, d = SHAPES[shape]
         last = lens.long() - 1
         new = torch.randn(2, batch, hkv, d, dtype=dtype, device="cuda")
-        writes = []
-        for k, v, t in pools:
-            slots = t.long().gather(1, (last // block)[:, None])[:, 0] * block + last % block
-            writes.append(functools.partial(write_kv, new[0], new[1], k, v, slots))
-        write_ms = per_call_ms(writes)
+        slots = [
+            t.long().gather(1, (last // block)[:, None])[:, 0] * block + last % block
+            for _, _, t in pools
+        ]
         for pdl in (False, True):
             cfg = replace(_shipped(shape, batch), pdl=pdl)
+            writes = [
+                functools.partial(write_kv, new[0], new[1], k, v, at, release_dependents=pdl)
+                for (k, v, _), at in zip(pools, slots, strict=True)
+            ]
+            write_ms = per_call_ms(writes)
             attn = [
                 functools.partial(paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, None, cfg)
                 for k, v, t in pools

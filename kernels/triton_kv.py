@@ -1,7 +1,7 @@
 """Triton KV write: each new token's K and V rows into its cache slot (`slot < 0` is skipped).
 
-On sm_90+ it lets a programmatically launched kernel after it (decode attention with
-`AttentionConfig.pdl`) start at once; that kernel waits for this one before it reads the cache.
+Where decode attention is launched programmatically (`AttentionConfig.pdl`, sm_90+), it lets that
+kernel start at once; attention waits for this one before it reads the cache.
 
 Same contract as `kernels.reference.write_kv`; the caches may be strided views (for example two
 halves of one `[num_blocks, 2, block_size, Hkv, D]` tensor).
@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents
+
+from kernels import configs
 
 
 @triton.jit
@@ -47,15 +49,30 @@ def _write_kv(
 
 
 @functools.cache
-def _sm90(device: torch.device) -> bool:
-    """Whether `device` runs grid dependency control (Hopper and newer)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
 def write_kv(
-    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    release_dependents: bool | None = None,
 ) -> None:
-    """Store each new token's K/V row at its slot (see the reference op); one program a token."""
+    """Store each new token's K/V row at its slot (see the reference op); one program a token.
+
+    `release_dependents` (sm_90+ only; default: whether the shipped decode configs use a
+    programmatic launch) lets a programmatically launched kernel after this one start at once.
+    """
+    capability = _capability(k_cache.device)
+    if capability is None or capability[0] < 9:  # no grid dependency control before Hopper
+        release = False
+    elif release_dependents is None:
+        release = configs.uses_pdl(capability)
+    else:
+        release = release_dependents
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
@@ -64,5 +81,5 @@ def write_kv(
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
         BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
-        TRIGGER=_sm90(k_cache.device), num_warps=1,
+        TRIGGER=release, num_warps=1,
     )  # fmt: skip

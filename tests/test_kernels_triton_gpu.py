@@ -256,12 +256,14 @@ def test_fused_sampler_frequencies_on_cuda() -> None:
 @pytest.mark.parametrize("splits", [1, 3])
 def test_programmatic_dependent_launch_waits_for_write_kv(splits: int) -> None:
     """Decode attention launched as a programmatic dependent launch (`AttentionConfig.pdl`, on
-    sm_90+) right behind the `write_kv` that stores its newest token, layer after layer in one
-    CUDA graph: every layer's output includes that token (the attention waited for the write)."""
+    sm_90+) right behind the `write_kv` that stores its newest token and releases it at once,
+    layer after layer in one CUDA graph: every layer's output includes that token (attention
+    waited for the write before it read the cache)."""
     from dataclasses import replace
 
     from kernels.configs import lookup
     from kernels.triton_attention import paged_attention
+    from kernels.triton_kv import write_kv
 
     dev, dtype, batch, block_size, ctx, layers = torch.device("cuda"), dtypes()[-1], 64, 16, 2048, 6
     num_heads, num_kv_heads, head_dim = 14, 2, 64
@@ -284,7 +286,7 @@ def test_programmatic_dependent_launch_waits_for_write_kv(splits: int) -> None:
     def stack() -> list[Tensor]:
         outs = []
         for (k, v), (nk, nv) in zip(caches, new, strict=True):
-            kernels.write_kv(nk, nv, k, v, slots)
+            write_kv(nk, nv, k, v, slots, release_dependents=True)  # attention may start now
             outs.append(paged_attention(q, k, v, table, lens, cu, 1, ctx, 0.125, splits, cfg))
         return outs
 
