@@ -89,17 +89,15 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * src.nbytes / (ms * 1e-3)
 
 
-def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, identity: bool, device):
-    """K and V caches of `batch` sequences of `ctx` tokens and a block table over them: the
-    identity table (sequence i owns blocks i * per_seq ...) or a random permutation."""
+def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, device):
+    """K and V caches of `batch` sequences of `ctx` tokens and a random block table over them."""
     per_seq = -(-ctx // block)
-    num_blocks = batch * per_seq
-    k = torch.randn(num_blocks, block, hkv, d, dtype=dtype, device=device)
-    v = torch.randn_like(k)
-    return k, v, _table(batch, per_seq, identity, device)
+    k = torch.randn(batch * per_seq, block, hkv, d, dtype=dtype, device=device)
+    return k, torch.randn_like(k), _table(batch, per_seq, False, device)
 
 
 def _table(batch: int, per_seq: int, identity: bool, device) -> torch.Tensor:
+    """A block table: the identity (sequence i owns blocks i * per_seq ...) or a permutation."""
     n = batch * per_seq
     ids = torch.arange(n, device=device) if identity else torch.randperm(n, device=device)
     return ids.view(batch, per_seq).to(torch.int32)
@@ -117,7 +115,7 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     # Both tables index the same caches: the paging overhead compares block orders, not two
     # allocations (whose placement in memory alone moved the figure by a few percent).
     in_order = _table(batch, -(-ctx // block), True, device)  # one table serves every layer
-    pools = [_pool(batch, ctx, block, hkv, d, dtype, False, device) for _ in range(layers)]
+    pools = [_pool(batch, ctx, block, hkv, d, dtype, device) for _ in range(layers)]
 
     def calls(identity: bool, splits: int | None = None, cfg=None):
         return [
@@ -183,7 +181,7 @@ def prefill_case(shape, q_len, dtype, device, matmul_flops) -> dict:
     hq, hkv, d = SHAPES[shape]
     block = 16
     q = torch.randn(q_len, hq, d, dtype=dtype, device=device)
-    k, v, table = _pool(1, q_len, block, hkv, d, dtype, False, device)
+    k, v, table = _pool(1, q_len, block, hkv, d, dtype, device)
     lens = torch.tensor([q_len], dtype=torch.int32, device=device)
     cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
     ms = _ms(lambda: paged_attention(q, k, v, table, lens, cu, q_len, q_len, d**-0.5))

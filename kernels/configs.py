@@ -84,12 +84,17 @@ def phase_of(decode: bool, num_seqs: int, num_kv_heads: int, num_sms: int) -> st
     return "decode_wide" if num_seqs * num_kv_heads > WIDE_PROGRAMS_PER_SM * num_sms else "decode"
 
 
-def uses_pdl(capability: tuple[int, int]) -> bool:
-    """Whether a shipped decode config of this CUDA device launches programmatically (sm_90+)."""
+def pdl_capable(capability: tuple[int, int] | None) -> bool:
+    """Whether a device (`None` = the CPU interpreter) has grid dependency control: sm_90+."""
+    return capability is not None and capability[0] >= 9
+
+
+def uses_pdl(capability: tuple[int, int] | None) -> bool:
+    """Whether a shipped decode config of this device launches programmatically."""
+    if not pdl_capable(capability):
+        return False
     fam = family(capability)
-    return fam == "sm90" and any(
-        c.pdl for (f, ph), c in CONFIGS.items() if f == fam and ph != "prefill"
-    )
+    return any(c.pdl for (f, phase), c in CONFIGS.items() if f == fam and phase != "prefill")
 
 
 def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> AttentionConfig:

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.configs import AttentionConfig, lookup, phase_of
+from kernels.configs import AttentionConfig, lookup, pdl_capable, phase_of
 
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
@@ -368,7 +368,7 @@ def paged_attention(
     d_pad = max(16, triton.next_power_of_2(head_dim))
     grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     fused = splits > 1 and cfg.fused_combine
-    pdl = cfg.pdl and decode and capability is not None and capability[0] >= 9
+    pdl = cfg.pdl and decode and pdl_capable(capability)
     if splits > 1:
         ws = (grid0, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)

@@ -9,15 +9,13 @@ halves of one `[num_blocks, 2, block_size, Hkv, D]` tensor).
 
 from __future__ import annotations
 
-import functools
-
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels import configs
+from kernels.triton_attention import _device_info
 
 
 @triton.jit
@@ -48,11 +46,6 @@ def _write_kv(
     tl.store(v_cache_ptr + v_at, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-
-
 def write_kv(
     key: Tensor,
     value: Tensor,
@@ -66,13 +59,10 @@ def write_kv(
     `release_dependents` (sm_90+ only; default: whether the shipped decode configs use a
     programmatic launch) lets a programmatically launched kernel after this one start at once.
     """
-    capability = _capability(k_cache.device)
-    if capability is None or capability[0] < 9:  # no grid dependency control before Hopper
-        release = False
-    elif release_dependents is None:
-        release = configs.uses_pdl(capability)
-    else:
-        release = release_dependents
+    capability = _device_info(k_cache.device)[0]
+    if release_dependents is None:
+        release_dependents = configs.uses_pdl(capability)
+    release = release_dependents and configs.pdl_capable(capability)
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return

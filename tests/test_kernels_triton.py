@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -565,6 +565,34 @@ def test_programmatic_dependent_launch_compiles_for_hopper() -> None:
     ptx = kernel.asm["ptx"]
     assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
     assert not any(c.pdl for (fam, _), c in configs.CONFIGS.items() if fam != "sm90")
+
+
+@compiled
+def test_write_kv_releases_its_dependents_only_where_decode_launches_programmatically(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`write_kv` lets the next grid start early exactly where a shipped decode config of the
+    device uses `pdl`, and never before sm_90 or on the CPU, even when asked."""
+    assert not configs.uses_pdl((9, 0)) and not configs.uses_pdl(None)
+    sm90 = configs.CONFIGS["sm90", "decode"]
+    monkeypatch.setitem(configs.CONFIGS, ("sm90", "decode"), replace(sm90, pdl=True))
+    monkeypatch.setitem(configs.CONFIGS, ("sm80", "decode"), replace(sm90, pdl=True))
+    assert configs.uses_pdl((9, 0)) and configs.uses_pdl((10, 0))
+    assert not configs.uses_pdl((8, 0)) and not configs.uses_pdl(None)
+
+    seen = []
+
+    class Launch:
+        def __getitem__(self, grid: object) -> object:
+            return lambda *args, **kw: seen.append(kw["TRIGGER"])
+
+    monkeypatch.setattr(triton_kv, "_write_kv", Launch())
+    rows, cache, slots = torch.zeros(2, 3, 64), torch.zeros(4, 16, 3, 64), torch.zeros(2).long()
+    for capability in [(9, 0), (8, 0), None]:
+        monkeypatch.setattr(triton_kv, "_device_info", lambda _, c=capability: (c, 132))
+        for asked in (None, True, False):
+            triton_kv.write_kv(rows, rows, cache, cache, slots, release_dependents=asked)
+    assert seen == [True, True, False, False, False, False, False, False, False]
 
 
 @compiled

@@ -17,7 +17,7 @@ if len(sys.argv) > 4:
     tile, warps, stages, fused = (int(x) for x in sys.argv[5:9])
     cfg = AttentionConfig(16, tile, warps, stages, fused_combine=bool(fused))
 hq, hkv, d = SHAPES[shape]
-k, v, table = _pool(batch, ctx, 16, hkv, d, torch.bfloat16, False, "cuda")
+k, v, table = _pool(batch, ctx, 16, hkv, d, torch.bfloat16, "cuda")
 q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
 lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
 cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
