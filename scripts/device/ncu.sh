@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on the decode attention kernel at batch 64 x 2K (the shapes short of 75% of the
 # copy bandwidth): the shipped config and one program per (sequence, KV head) with no split.
-# Reports come back as ncu.tgz; the summaries print.
+# Reports come back as ncu.tgz (with stalls.txt: the warp-stall samples per reason and
+# instruction); the summaries print.
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 mkdir -p /tmp/ncu
 run() {  # name, then ncu_decode.py's arguments
@@ -18,4 +19,5 @@ run() {  # name, then ncu_decode.py's arguments
 run qwen_policy qwen2.5-0.5b 64 2048
 run qwen_split1 qwen2.5-0.5b 64 2048 1 64 4 3 0
 run smol_policy smollm2-135m 64 2048
+python3 scripts/device/ncu_stalls.py /tmp/ncu qwen_policy qwen_split1 smol_policy > /tmp/ncu/stalls.txt
 tar czf "$OUT/ncu.tgz" -C /tmp/ncu .
