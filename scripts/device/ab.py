@@ -4,6 +4,7 @@ the device as an untracked file). Same shapes, shipped configs and split policy,
 graphs as `kernels.sweep` times them, in the order old, new, new, old (means of two); each line
 also gives the largest difference between the two kernels' outputs on its first layer."""
 
+import functools
 import importlib.util
 import sys
 
@@ -11,26 +12,30 @@ import torch
 
 import kernels.sweep as sw
 import kernels.triton_attention as new
+from kernels.bench import per_call_ms
 
 spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
 old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 for shape in sw.SHAPES:
     for batch, ctx in sw.DECODE:
-        case = sw._pools(shape, batch, ctx, torch.bfloat16)
+        q, pools, lens, cu, scale = sw._pools(shape, batch, ctx, torch.bfloat16)
         cfg = sw._shipped(shape, batch)
-        q, pools, lens, cu, scale = case
-        k, v, table = pools[0]
-        outs = [m.paged_attention(q, k, v, table, lens, cu, 1, ctx, scale) for m in (old, new)]
-        diff = (outs[0].float() - outs[1].float()).abs().max().item()
-        t = {}
+        stacks = {
+            name: [
+                functools.partial(m.paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, None, cfg)
+                for k, v, t in pools
+            ]
+            for name, m in (("old", old), ("new", new))
+        }
+        diff = (stacks["old"][0]().float() - stacks["new"][0]().float()).abs().max().item()
+        t = {"old": [], "new": []}
         for name in ("old", "new", "new", "old"):
-            sw.paged_attention = (old if name == "old" else new).paged_attention
-            t.setdefault(name, []).append(sw._stack_ms(case, ctx, None, cfg) * 1e3)
+            t[name].append(per_call_ms(stacks[name]) * 1e3)
         o, n = sum(t["old"]) / 2, sum(t["new"]) / 2
         print(
             f"{shape[:5]} {batch:4d} x {ctx:5d}: old {o:6.1f} us  new {n:6.1f} us  {n / o:.3f}  "
             f"max |new - old| {diff:.2e}"
         )
-        del case
+        del q, pools, stacks
         torch.cuda.empty_cache()
