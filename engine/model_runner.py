@@ -30,7 +30,7 @@ from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 from engine.staging import Staging
 from engine.step_graphs import MAX_GRAPH_BATCH, StepGraphs
-from kernels import graph_capturable
+from kernels import empty_kv_cache, graph_capturable
 
 logger = logging.getLogger("engine")
 
@@ -88,12 +88,16 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.max_model_len = max_model_len
-        shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         # One tensor for every layer's K and V, so that a copy-on-write moves a block in all
-        # layers in one operation; each layer sees contiguous `[num_blocks, ...]` views. Left
-        # uninitialised: attention reads only slots its sequence has written, and the memory is
-        # committed as it is first written (a 4 GiB CPU pool costs nothing up front).
-        self._kv = torch.empty((model.num_layers, 2, *shape), dtype=kv_dtype, device=device)
+        # layers in one operation; each layer sees `[num_blocks, block_size, Hkv, D]` views
+        # (stored head-major inside a block where the Triton kernels run: see
+        # `kernels.empty_kv_cache`). Left uninitialised: attention reads only slots its sequence
+        # has written, and the memory is committed as it is first written (a 4 GiB CPU pool
+        # costs nothing up front).
+        self._kv = empty_kv_cache(
+            model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim,
+            kv_dtype, device,
+        )  # fmt: skip
         self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}

@@ -8,6 +8,7 @@ import torch
 
 from engine.kv_sizing import format_bytes
 from engine.models.attention import AttentionMetadata
+from kernels import empty_kv_cache
 
 logger = logging.getLogger("engine")
 
@@ -90,15 +91,11 @@ def profile_peak_bytes(
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     num_blocks = -(-num_tokens // block_size)
-    shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    caches = [
-        (
-            torch.empty(shape, dtype=dtype, device=device),
-            torch.empty(shape, dtype=dtype, device=device),
-        )
-        for _ in range(model.num_layers)
-    ]
-    cache_bytes = sum(k.nbytes + v.nbytes for k, v in caches)
+    kv = empty_kv_cache(
+        model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, device
+    )  # as the runner lays it out
+    caches = [(layer[0], layer[1]) for layer in kv]
+    cache_bytes = kv.numel() * kv.element_size()
     positions = torch.arange(num_tokens, device=device)
     meta = AttentionMetadata(
         slot_mapping=positions.clone(),
@@ -113,6 +110,6 @@ def profile_peak_bytes(
     model.compute_logits(hidden[: min(num_logit_rows, num_tokens)]).float()  # as sampling may
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - cache_bytes
-    del caches, hidden
+    del caches, kv, hidden
     torch.cuda.empty_cache()
     return int(peak)

@@ -9,6 +9,7 @@ compiled `flex_attention`, both with the GQA group folded into the query axis.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -18,8 +19,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
+from kernels import empty_kv_cache
 from kernels.configs import lookup, phase_of
 from kernels.triton_attention import _device_info, choose_num_splits, paged_attention
 
@@ -81,6 +84,49 @@ def empty_kernel_ms(device: torch.device) -> float:
     return per_call_ms([lambda: _empty[(1,)](x)] * MAX_LAYERS)
 
 
+@triton.jit
+def _read_sum(x_ptr, out_ptr, per_program, BLOCK: tl.constexpr):
+    """Sum program `p`'s contiguous `per_program` elements (a multiple of BLOCK) of `x`."""
+    start = tl.program_id(0).to(tl.int64) * per_program
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(0, per_program, BLOCK):
+        acc += tl.load(x_ptr + start + i + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+
+READ_GRIDS = (2, 4, 8)  # programs per SM tried by `read_floor_ms`
+
+
+def read_floor_ms(nbytes: int, device: torch.device) -> tuple[float, int]:
+    """(milliseconds per call, programs per SM) of the fastest plain read of `nbytes` (rounded up
+    to whole 8 KB tiles, as many per program) over the grids in READ_GRIDS, in the same kind of
+    layer-stack graph as attention: what a kernel that only streams the same bytes in, from a
+    cold L2, pays per call at this size."""
+    sms = _device_info(device)[1]
+    block = 4096
+    tiles = -(-nbytes // (2 * block))
+    best, tried = (math.inf, 0), set()
+    for per_sm in READ_GRIDS:
+        per_program = -(-tiles // (sms * per_sm))  # tiles a program reads
+        programs = -(-tiles // per_program)  # no program idle: less than one tile over
+        if programs in tried:
+            continue
+        tried.add(programs)
+        per_program *= block
+        xs = [
+            torch.ones(programs * per_program, dtype=torch.float16, device=device)
+            for _ in range(num_layers(nbytes))
+        ]
+        out = torch.empty(programs, dtype=torch.float32, device=device)
+        launch = _read_sum[(programs,)]
+        calls = [
+            functools.partial(launch, x, out, per_program, BLOCK=block, num_warps=8) for x in xs
+        ]
+        best = min(best, (per_call_ms(calls), per_sm))
+        del xs
+    return best
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a 2 GiB device-to-device copy (read + write counted)."""
     src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
@@ -90,10 +136,11 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, device):
-    """K and V caches of `batch` sequences of `ctx` tokens and a random block table over them."""
+    """K and V caches of `batch` sequences of `ctx` tokens (stored as the engine stores them)
+    and a random block table over them."""
     per_seq = -(-ctx // block)
-    k = torch.randn(batch * per_seq, block, hkv, d, dtype=dtype, device=device)
-    return k, torch.randn_like(k), _table(batch, per_seq, False, device)
+    k, v = empty_kv_cache(1, batch * per_seq, block, hkv, d, dtype, device)[0]  # as the engine
+    return k.normal_(), v.normal_(), _table(batch, per_seq, False, device)
 
 
 def _table(batch: int, per_seq: int, identity: bool, device) -> torch.Tensor:
@@ -125,10 +172,11 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
             for k, v, shuffled in pools
         ]
 
-    # random, identity, identity, random: a drift over the four cancels in the two means
-    order = [per_call_ms(calls(identity)) for identity in (False, True, True, False)]
-    row["ms_random"] = (order[0] + order[3]) / 2
-    row["ms_identity"] = (order[1] + order[2]) / 2
+    # random, identity, identity, random, twice: a linear drift cancels in the two means
+    order = [False, True, True, False] * 2
+    times = [per_call_ms(calls(identity)) for identity in order]
+    row["ms_random"] = sum(t for t, i in zip(times, order, strict=True) if not i) / 4
+    row["ms_identity"] = sum(t for t, i in zip(times, order, strict=True) if i) / 4
     row["ms_one_split"] = per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
@@ -147,13 +195,15 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
 
 def peers(shape, batch, ctx, dtype, device, with_flex: bool) -> dict:
     """SDPA and compiled flex_attention on a contiguous cache, GQA folded into the query axis,
-    timed the same way (a stack of layers with distinct caches in one CUDA graph).
+    timed the same way (a stack of layers with distinct caches in one CUDA graph), and a plain
+    read of the same K/V bytes (`read_floor_ms`).
 
     flex_attention compiles once per shape (tens of seconds), so it runs at batch 64 x 2K and 8K.
     """
     hq, hkv, d = SHAPES[shape]
     g = hq // hkv
     q = torch.randn(batch, hkv, g, d, dtype=dtype, device=device)
+    read_ms, grid = read_floor_ms(2 * batch * ctx * hkv * d * q.element_size(), device)
     layers = num_layers(2 * batch * ctx * hkv * d * q.element_size())
     caches = [
         (
@@ -163,7 +213,7 @@ def peers(shape, batch, ctx, dtype, device, with_flex: bool) -> dict:
         for _ in range(layers)
     ]
     sdpa = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v) for k, v in caches]
-    out = {"ms_sdpa": per_call_ms(sdpa), "ms_flex": None}
+    out = {"ms_sdpa": per_call_ms(sdpa), "ms_flex": None, "ms_read": read_ms, "read_per_sm": grid}
     if not with_flex:
         return out
     try:
@@ -262,16 +312,23 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         "(as a decode step replays them; `layers` in the JSON); eager: one call launched from "
         "Python each time; other combine: the same split count merged the way the shipped "
         "config does not (`f` = `fused_combine`, the last split merges in the same launch; "
-        "`k` = a second, combine kernel), `-` where one split is chosen.",
+        "`k` = a second, combine kernel), `-` where one split is chosen; paging overhead: the "
+        "same caches through a random block table against an identity one, four timings of "
+        "each, interleaved; plain read: a kernel that only streams the same K/V bytes in, "
+        "timed the same way (the fastest of 2, 4, 8 programs per SM): what any decode kernel "
+        "pays at this size.",
         "",
         "| shape | batch | ctx | block | us | eager us | % of copy bw | paging overhead "
-        "| split speedup | other combine us | SDPA us | flex us |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| split speedup | other combine us | SDPA us | flex us | plain read us | x plain read |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     peer_of = {(r["shape"], r["batch"], r["context"]): r for r in peer_rows}
     for r in decode:
         pr = peer_of[(r["shape"], r["batch"], r["context"])]
         flex = "n/a" if pr["ms_flex"] is None else f"{pr['ms_flex'] * 1e3:.1f}"
+        read = "n/a | n/a"
+        if "ms_read" in pr:
+            read = f"{pr['ms_read'] * 1e3:.1f} | {r['ms_random'] / pr['ms_read']:.2f}"
         fused = "-"
         for key, tag in (("ms_fused_combine", "f"), ("ms_combine_kernel", "k")):
             if key in r:
@@ -280,7 +337,8 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
             f"| {r['shape']} | {r['batch']} | {r['context']} | {r['block']} | "
             f"{r['ms_random'] * 1e3:.1f} | {r['ms_eager'] * 1e3:.1f} | {r['bw_fraction']:.0%} | "
             f"{r['paging_overhead']:+.1%} | "
-            f"{r['split_speedup']:.1f}x | {fused} | {pr['ms_sdpa'] * 1e3:.1f} | {flex} |"
+            f"{r['split_speedup']:.1f}x | {fused} | {pr['ms_sdpa'] * 1e3:.1f} | {flex} | "
+            f"{read} |"
         )
     lines += [
         "",

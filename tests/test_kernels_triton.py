@@ -91,6 +91,7 @@ def make_batch(
     shared_blocks: int = 0,
     fused_kv: bool = False,
     seed: int = 0,
+    head_major: bool = False,
 ) -> Batch:
     """`(q_len, context_len)` sequences on shuffled blocks; unused slots hold NaN.
 
@@ -104,8 +105,12 @@ def make_batch(
     num_blocks = sum(needed) + 4
     pool = torch.randperm(num_blocks, generator=gen).tolist()
     shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.full(shape, float("nan"), dtype=dtype).unbind(1)
-    if not fused_kv:
+    if head_major:
+        stored = torch.full((num_blocks, 2, num_kv_heads, block_size, head_dim), float("nan"))
+        k_cache, v_cache = stored.to(dtype).transpose(2, 3).unbind(1)
+    else:
+        k_cache, v_cache = torch.full(shape, float("nan"), dtype=dtype).unbind(1)
+    if not fused_kv and not head_major:
         k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     prefix = [pool.pop() for _ in range(shared_blocks)]
     shared = torch.randn(2, shared_blocks * block_size, num_kv_heads, head_dim, generator=gen)
@@ -249,6 +254,16 @@ def test_interp_shared_prefix_blocks_and_fused_kv_views(dtype: torch.dtype) -> N
     decode = [(1, 40), (1, 70), (1, 32)]
     batch = make_batch(decode, 16, (9, 3), dtype=dtype, shared_blocks=2, fused_kv=True)
     batch.check(num_splits=4)
+
+
+@interp
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_interp_head_major_cache_views(block_size: int) -> None:
+    """Caches stored `[block, head, token, dim]` and passed as permuted views (strides only)."""
+    make_batch(mixed(block_size), block_size, (14, 2), head_major=True).check()
+    batch = make_batch(decodes(block_size), block_size, (9, 3), head_major=True)
+    batch.check(num_splits=3)
+    assert not batch.k_cache.is_contiguous() and batch.k_cache.stride(2) == block_size * 64
 
 
 @interp
@@ -471,6 +486,28 @@ def test_dispatch_rule(
 
     monkeypatch.setenv("PAGEDCTL_KERNELS", forced)
     assert kernels._use_triton(Probe()) == (backend == "triton")  # type: ignore[arg-type]
+
+
+@compiled
+@pytest.mark.parametrize("forced", ["", "triton"])
+def test_kv_cache_storage_follows_the_backend(monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+    """The reference keeps token-major storage; where the Triton kernels serve a device, each
+    block is stored head-major behind a view of the same logical shape, and a write through the
+    view lands in one contiguous run per (block, head)."""
+    import kernels
+
+    monkeypatch.setenv("PAGEDCTL_KERNELS", forced)
+    kv = kernels.empty_kv_cache(3, 5, 16, 2, 8, torch.float32, "cpu")
+    assert kv.shape == (3, 2, 5, 16, 2, 8)
+    if not forced:
+        assert kv.is_contiguous()
+        return
+    assert not kv.is_contiguous() and kv.stride()[2:] == (2 * 16 * 8, 8, 16 * 8, 1)
+    k = kv[1, 0]  # layer 1's K, [blocks, block_size, heads, dim]
+    k.zero_()
+    k[3, :, 1] = 1.0  # block 3, every token, head 1
+    storage = kv.transpose(3, 4).contiguous()[1, 0, 3]  # [heads, block_size, dim]
+    assert storage[1].eq(1).all() and storage[0].eq(0).all()
 
 
 @compiled

@@ -1,0 +1,20 @@
+"""Redo the plain-read column of a `kernels.bench` JSON on this GPU: `python3
+scripts/device/reread.py IN.json OUT.json` (session 6: the first run scaled the time of an
+oversized read down to the asked bytes, which is wrong for small reads)."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels.bench import SHAPES, read_floor_ms
+
+data = json.loads(Path(sys.argv[1]).read_text())
+for row in data["peers"]:
+    _, hkv, d = SHAPES[row["shape"]]
+    nbytes = 2 * row["batch"] * row["context"] * hkv * d * 2
+    row["ms_read"], row["read_per_sm"] = read_floor_ms(nbytes, torch.device("cuda"))
+    print(row["shape"][:5], row["batch"], row["context"], f"{row['ms_read'] * 1e3:.1f} us")
+    torch.cuda.empty_cache()
+Path(sys.argv[2]).write_text(json.dumps(data, indent=1))
