@@ -5,8 +5,10 @@ of our models (each a stack of per-layer caches in one CUDA graph, as `kernels.b
 then forced split counts with the two best configs of each shape (with and without the fused
 combine), and, with `--prefill`, the prefill configs; it writes the timings and the winners,
 which are copied by hand into `kernels/configs.py` and `choose_num_splits`. Instead, `--deep` times
-DEEP_CONFIGS beside the shipped config, and `--pdl` the shipped config with and without a
-programmatic dependent launch, alone and behind `write_kv` as the engine runs it.
+DEEP_CONFIGS beside the shipped config, `--pdl` the shipped config with and without a
+programmatic dependent launch, alone and behind `write_kv` as the engine runs it, and `--layout`
+token- against head-major cache storage with random and identity tables, beside a plain read of
+the same bytes.
 """
 
 from __future__ import annotations
