@@ -30,7 +30,7 @@ def _triton_serves(device: torch.device) -> bool:
 
 
 def _forced_backend() -> str | None:
-    """ "triton" or "reference" where `PAGEDCTL_KERNELS` forces one, else None."""
+    """The backend `PAGEDCTL_KERNELS` forces ("triton" or "reference"), else None."""
     forced = os.environ.get("PAGEDCTL_KERNELS", "").lower()
     return forced if forced in ("reference", "triton") else None
 
@@ -38,8 +38,7 @@ def _forced_backend() -> str | None:
 def graph_capturable(device_type: str) -> bool:
     """Whether the ops on this device can be captured in a CUDA graph: the Triton kernels can;
     the reference reads tensor values on the host (lengths, offsets) and cannot."""
-    forced = os.environ.get("PAGEDCTL_KERNELS", "").lower()
-    return device_type == "cuda" and forced != "reference"
+    return device_type == "cuda" and _forced_backend() != "reference"
 
 
 def empty_kv_cache(
