@@ -59,6 +59,55 @@ def _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr, ONE_QBLOCK: tl.
 
 
 @triton.jit
+def _tile(
+    j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok, qk_scale,
+    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One KV tile `j` (positions `j * TILE_N ...`, block ids `blk_next`) folded into the online
+    softmax state (m_i, l_acc, acc); returns it with the block ids of this split's next tile.
+    `MASKED=False` only for tiles every row sees whole (below `limit` and below every query)."""
+    pos = j * TILE_N + tl.arange(0, TILE_N)
+    pos_ok = pos < limit
+    blk = blk_next.to(tl.int64)
+    pos_next = pos + NUM_SPLITS * TILE_N
+    blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
+    off = pos % BLOCK_SIZE
+    k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
+    v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
+    if MASKED:
+        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_head + k_off, mask=d_ok[:, None], other=0.0)
+    s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
+    if not MASKED:
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees the whole tile
+        m_safe = m_new
+    elif BLOCK_Q == 1:  # decode: exactly the keys below `limit`, its own position + 1
+        s = tl.where(pos_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`
+        m_safe = m_new
+    else:
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    if BLOCK_Q == 1:
+        l_acc = l_acc * alpha[:, None] + p
+    else:
+        l_acc = l_acc * alpha[:, None] + tl.sum(p, 1, keep_dims=True)
+    if MASKED:
+        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        v = tl.load(v_head + v_off, mask=d_ok[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_acc, acc, blk_next
+
+
+@triton.jit
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr,
@@ -128,35 +177,31 @@ def _attn_fwd(
     v_head = v_ptr + kvh * stride_vh
     # The block ids of a program's next tile are read during its current one, so no K/V address
     # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
-    for j in range(split, num_tiles, NUM_SPLITS):
-        pos = j * TILE_N + tl.arange(0, TILE_N)
-        pos_ok = pos < limit
-        blk = blk_next.to(tl.int64)
-        pos_next = pos + NUM_SPLITS * TILE_N
-        blk_next = tl.load(bt_row + pos_next // BLOCK_SIZE, mask=pos_next < limit, other=0)
-        off = pos % BLOCK_SIZE
-        k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
-        k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
-        if BLOCK_Q == 1:  # one query token a program (decode): it sees exactly the keys below
-            s = tl.where(pos_ok[None, :], s, float("-inf"))  # `limit`, its own position + 1
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`
-            m_safe = m_new
-        else:
-            visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        if BLOCK_Q == 1:
-            l_acc = l_acc * alpha[:, None] + p
-        else:
-            l_acc = l_acc * alpha[:, None] + tl.sum(p, 1, keep_dims=True)
-        v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
-        v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    if BLOCK_Q == 1:  # one query token a program (decode): it sees exactly the keys below limit
+        for j in range(split, num_tiles, NUM_SPLITS):
+            m_i, l_acc, acc, blk_next = _tile(
+                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok,
+                qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
+            )  # fmt: skip
+    else:
+        # Tiles below the block's first query position are visible to every row whole: no
+        # causal or length mask; the tiles after them (the diagonal) are masked.
+        full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
+        for j in range(split, full, NUM_SPLITS):
+            m_i, l_acc, acc, blk_next = _tile(
+                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok,
+                qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, False,
+            )  # fmt: skip
+        # this split's first tile from `full` on (the block ids loaded last are that tile's)
+        diagonal = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+        for j in range(diagonal, num_tiles, NUM_SPLITS):
+            m_i, l_acc, acc, blk_next = _tile(
+                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok,
+                qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
+            )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)

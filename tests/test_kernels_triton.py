@@ -161,6 +161,21 @@ def test_interp_decode_splits(block_size: int, heads: tuple[int, int], splits: i
 
 
 @interp
+@pytest.mark.parametrize("splits", [None, 2, 3])
+@pytest.mark.parametrize("tile_n", [32, 64])
+def test_interp_prefill_whole_tiles_then_the_diagonal(tile_n: int, splits: int | None) -> None:
+    """Prefill query blocks read the tiles below their first query unmasked, then the diagonal
+    masked: histories ending just before, at and after a tile boundary, query blocks starting on
+    either side of one, splits whose first diagonal tile is any of theirs."""
+    cfg = configs.AttentionConfig(block_m=32, tile_n=tile_n, num_warps=4, num_stages=1)
+    t = tile_n
+    specs = [(40, t - 1), (40, t), (33, t + 1), (70, 2 * t - 5), (9, 3 * t), (5, 0), (1, 4 * t)]
+    specs += [(12, t - 2), (10, 2 * t - 3), (6, t - 6), (3, t - 1)]  # first query just below
+    make_batch(specs, 16, (14, 2), seed=tile_n).check(config=cfg, num_splits=splits)
+    make_batch(specs, 32, (4, 4), dtype=torch.float16, seed=3).check(config=cfg, num_splits=splits)
+
+
+@interp
 @pytest.mark.parametrize("splits", [2, 5, 16])  # 16 > tiles of every sequence
 @pytest.mark.parametrize("heads", [(14, 2), (9, 3)])
 @pytest.mark.parametrize("block_size", [16, 64])
