@@ -177,6 +177,9 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     times = [per_call_ms(calls(identity)) for identity in order]
     row["ms_random"] = sum(t for t, i in zip(times, order, strict=True) if not i) / 4
     row["ms_identity"] = sum(t for t, i in zip(times, order, strict=True) if i) / 4
+    # each adjacent (random, identity) pair on its own: how far one pair's ratio strays
+    pairs = [(times[0], times[1]), (times[3], times[2]), (times[4], times[5]), (times[7], times[6])]
+    row["paging_overhead_pairs"] = [r / i - 1 for r, i in pairs]
     row["ms_one_split"] = per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
@@ -291,6 +294,13 @@ def fixed_and_streaming(decode: list[dict], bandwidth: float) -> list[dict]:
     return fits
 
 
+def _spread(row: dict) -> str:
+    """The least and most paging overhead of one adjacent pair of timings, as ` (lo..hi)`; empty
+    for rows measured before the pairs were kept."""
+    pairs = row.get("paging_overhead_pairs")
+    return f" ({min(pairs):+.1%}..{max(pairs):+.1%})" if pairs else ""
+
+
 def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) -> str:
     """kernels.json and kernels.md under `out` from the rows so far (called as rows land, so a
     run cut short by its time limit still leaves its tables)."""
@@ -314,7 +324,8 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         "config does not (`f` = `fused_combine`, the last split merges in the same launch; "
         "`k` = a second, combine kernel), `-` where one split is chosen; paging overhead: the "
         "same caches through a random block table against an identity one, four timings of "
-        "each, interleaved; plain read: a kernel that only streams the same K/V bytes in, "
+        "each, interleaved (in brackets, where recorded: the least and most of the four adjacent "
+        "pairs on their own); plain read: a kernel that only streams the same K/V bytes in, "
         "timed the same way (the fastest of 2, 4, 8 programs per SM): what any decode kernel "
         "pays at this size.",
         "",
@@ -336,7 +347,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         lines.append(
             f"| {r['shape']} | {r['batch']} | {r['context']} | {r['block']} | "
             f"{r['ms_random'] * 1e3:.1f} | {r['ms_eager'] * 1e3:.1f} | {r['bw_fraction']:.0%} | "
-            f"{r['paging_overhead']:+.1%} | "
+            f"{r['paging_overhead']:+.1%}{_spread(r)} | "
             f"{r['split_speedup']:.1f}x | {fused} | {pr['ms_sdpa'] * 1e3:.1f} | {flex} | "
             f"{read} |"
         )

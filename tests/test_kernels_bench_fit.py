@@ -25,3 +25,30 @@ def test_fit_recovers_the_fixed_cost_and_the_rate_of_a_line() -> None:
     assert exact["rate_fraction"] == pytest.approx(0.75, rel=1e-6)
     assert exact["worst_residual"] == pytest.approx(0.0, abs=1e-9)
     assert 0.01 < fits[32]["worst_residual"] < 0.1  # the shortest context sits 10% above
+
+
+def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path) -> None:
+    """`--render` redraws older JSON (no plain read, no per-pair overheads) and newer JSON."""
+    from kernels.bench import write
+
+    env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
+           "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.7}  # fmt: skip
+
+    def row(ctx: int, **extra: object) -> dict:
+        return {"shape": "qwen2.5-0.5b", "batch": 64, "context": ctx, "block": 16,
+                "ms_random": 0.0232, "ms_eager": 0.03, "bw_fraction": 0.68,
+                "paging_overhead": 0.01, "split_speedup": 1.2, "ms_splits": {},
+                "bytes": 6.7e7, **extra}  # fmt: skip
+
+    decode = [row(2048), row(8192, paging_overhead_pairs=[-0.004, 0.031, 0.01, 0.012])]
+    peers = [
+        {"shape": "qwen2.5-0.5b", "batch": 64, "context": 2048, "ms_sdpa": 0.025, "ms_flex": None},
+        {"shape": "qwen2.5-0.5b", "batch": 64, "context": 8192, "ms_sdpa": 0.08, "ms_flex": 0.25,
+         "ms_read": 0.0186},
+    ]  # fmt: skip
+    text = write(tmp_path, env, decode, peers, [])
+    old, new = (line for line in text.splitlines() if line.startswith("| qwen2.5-0.5b | 64 |"))
+    assert "| +1.0% |" in old and old.endswith("| n/a | n/a | n/a |")
+    assert "| +1.0% (-0.4%..+3.1%) |" in new and new.endswith("| 250.0 | 18.6 | 1.25 |")
+    assert (tmp_path / "kernels.md").read_text() == text + "\n"
+    assert (tmp_path / "kernels.json").exists()
