@@ -8,7 +8,8 @@ sequence's KV tiles over `NUM_SPLITS` programs, dealt round robin (flash-decodin
 combine kernel merges the partial results (or, with `AttentionConfig.fused_combine`, the last
 split of each sequence and KV head to finish merges them in the same launch, counted by an
 atomic counter). A program reads the block ids of its next tile while it computes the current
-one, so its K/V loads never wait on the table within an iteration.
+one, so its K/V loads never wait on the table within an iteration. A prefill query block reads
+the tiles below its first query unmasked and masks only the diagonal ones after them.
 Same contract as `kernels.reference.paged_attention`.
 """
 
