@@ -444,7 +444,8 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
     """The whole engine on the Triton kernels (interpreted), through its step graphs (emulated:
     decode, mixed and few-sequence ones, whose attention splits each query block's history
     16 ways), gives the greedy tokens of the eager reference path: a batch, then a prefix hit
-    of a few tokens after a 200-token history. Every access of every kernel, the graphs'
+    of a few tokens after a 200-token history, two samples of one prompt (a copy-on-write).
+    Every access of every kernel, the graphs'
     warm-up runs included, is bounds-checked (their input buffers are shared between keys:
     stale -1 slots of one key once became another's positions, a read before the rotary
     tables that killed a CUDA context)."""
@@ -467,10 +468,16 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
         tokens = [o.outputs[0].token_ids for o in llm.generate(batch, greedy)]
         for prompt in (history, history + [7, 8, 9]):  # the second one hits the first's blocks
             tokens += [llm.generate([prompt], greedy)[0].outputs[0].token_ids]
+        # two samples of a 37-token prompt share its partly filled last block until each
+        # writes into it: a copy-on-write of the (head-major, on the kernels' path) cache
+        pair = llm.generate([history[:37]], replace(greedy, n=2, max_tokens=6))[0].outputs
+        tokens += [o.token_ids for o in pair]
         runs[backend] = tokens
         if graphs:
             assert {"decode", "mixed", "few"} <= set(llm.runner.step_counts), llm.runner.step_counts
             assert llm.stats["prefix_cache"]["hit_tokens"] >= 192
+        if backend == "triton":
+            assert not llm.runner._kv.is_contiguous()  # stored head-major
     assert runs["triton"] == runs["reference"]
 
 
