@@ -178,13 +178,8 @@ def _attn_fwd(
     v_head = v_ptr + kvh * stride_vh
     # The block ids of a program's next tile are read during its current one, so no K/V address
     # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
-    if BLOCK_Q == 1:  # one query token a program (decode): it sees exactly the keys below limit
-        for j in range(split, num_tiles, NUM_SPLITS):
-            m_i, l_acc, acc, blk_next = _tile(
-                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok,
-                qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
-            )  # fmt: skip
+    if BLOCK_Q == 1:  # one query token a program (decode): every tile is masked by length
+        diagonal = split
     else:
         # Tiles below the block's first query position are visible to every row whole: no
         # causal or length mask; the tiles after them (the diagonal) are masked.
@@ -197,12 +192,12 @@ def _attn_fwd(
             )  # fmt: skip
         # this split's first tile from `full` on (the block ids loaded last are that tile's)
         diagonal = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
-        for j in range(diagonal, num_tiles, NUM_SPLITS):
-            m_i, l_acc, acc, blk_next = _tile(
-                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok,
-                qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
-            )  # fmt: skip
+    for j in range(diagonal, num_tiles, NUM_SPLITS):
+        m_i, l_acc, acc, blk_next = _tile(
+            j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, k_head, v_head, d, d_ok,
+            qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+            BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
+        )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)
