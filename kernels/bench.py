@@ -24,7 +24,8 @@ from triton.testing import do_bench
 
 from kernels import empty_kv_cache
 from kernels.configs import lookup, phase_of
-from kernels.triton_attention import _device_info, choose_num_splits, paged_attention
+from kernels.triton_attention import _device_info, paged_attention
+from kernels.triton_splits import choose_num_splits
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 SPLIT_SCAN = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts timed at batch 8 and 64

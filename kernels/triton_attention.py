@@ -24,10 +24,8 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.configs import AttentionConfig, lookup, pdl_capable, phase_of
+from kernels.triton_splits import _merge_splits, _split_counters, choose_num_splits
 
-MAX_SPLITS = 32  # upper bound of KV splits per sequence
-MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
-UNROLL_MERGE_ROWS = tl.constexpr(512)  # merges of at most this many partial rows are unrolled
 LOG2E = 1.4426950408889634
 
 
@@ -254,66 +252,6 @@ def _combine_splits(
     )  # fmt: skip
 
 
-@triton.jit
-def _merge_one(
-    m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, at, s, active,
-    D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """Fold split `s`'s partial state (rows `at ...` of the workspace; nothing if `s >= active`)
-    into the running (max, sum, accumulator) of an online softmax."""
-    rows = at + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D_PAD)
-    live_rows = tl.full([BLOCK_M], s, tl.int32) < active
-    m_s = tl.load(m_ws_ptr + rows, mask=live_rows, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(l_ws_ptr + rows, mask=live_rows, other=0.0, cache_modifier=".cg")
-    part_ok = live_rows[:, None] & (d < D_PAD)[None, :]
-    part_at = acc_ws_ptr + rows[:, None] * D_PAD + d[None, :]
-    part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
-    m_new = tl.maximum(m_run, m_s)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    w_run = tl.exp2(m_run - m_safe)
-    w_s = tl.exp2(m_s - m_safe)
-    return m_new, total * w_run + l_s * w_s, acc * w_run[:, None] + part * w_s[:, None]
-
-
-@triton.jit
-def _merge_splits(
-    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, num_kv_heads, q_begin, qb_start, q_len,
-    active, stride_ot, stride_oh, stride_od,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-):  # fmt: skip
-    """Merge the first `active` splits' partial softmax states of one (query-block program, KV
-    head) and store its output rows (tokens `qb_start ...` of the sequence). Partials are read
-    at L2 (`.cg`): in the fused path other programs wrote them during this launch."""
-    rows = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D_PAD)
-    base = (pid.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
-    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    if BLOCK_M * NUM_SPLITS <= UNROLL_MERGE_ROWS:  # unrolled: every split's loads issue at once
-        for s in tl.static_range(NUM_SPLITS):
-            m_run, total, acc = _merge_one(
-                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
-                D_PAD, BLOCK_M,
-            )  # fmt: skip
-    else:  # prefill query blocks: 16 unrolled partials of 128 rows spill (255 registers)
-        for s in range(NUM_SPLITS):
-            m_run, total, acc = _merge_one(
-                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
-                D_PAD, BLOCK_M,
-            )  # fmt: skip
-    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    tok = qb_start + rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
-    o_rows = (q_begin + tok).to(tl.int64)
-    o_off = o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
-    mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 @functools.cache
 def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
     """(compute capability, SM count) of a CUDA device; (None, 8) for the CPU interpreter."""
@@ -321,43 +259,6 @@ def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
         return None, 8
     props = torch.cuda.get_device_properties(device)
     return (props.major, props.minor), props.multi_processor_count
-
-
-_COUNTERS: dict[torch.device, Tensor] = {}
-_PINNED: list[Tensor] = []  # counter buffers a captured graph may point at: never freed
-
-
-def _split_counters(device: torch.device, n: int) -> Tensor:
-    """Zeroed int32 arrival counters, one per (sequence, KV head), for the fused combine.
-
-    Each call leaves them zero again (the merging program resets its counter), so one buffer per
-    device serves every call. It grows outside CUDA-graph capture only; a capture that needs
-    more gets a fresh zeroed buffer of its own (the zero-fill is then part of the graph). A graph
-    replays into whatever buffer it captured, so no buffer that may have been captured is ever
-    freed: a freed one would be handed to other tensors while the graph still counts into it.
-    """
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            own = torch.zeros(n, dtype=torch.int32, device=device)
-            _PINNED.append(own)
-            return own
-        if buf is not None:
-            _PINNED.append(buf)
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
-
-
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
-    """KV splits per sequence for a decode batch: enough programs for ~2 waves of the SMs.
-
-    Depends only on host integers (never on tensor values), so a CUDA graph captured for a batch
-    bucket with the bucket's largest `max_seqlen_k` keeps one fixed grid.
-    """
-    wanted = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
-    useful = -(-max_seqlen_k // MIN_SPLIT_TOKENS)
-    return max(1, min(wanted, useful, MAX_SPLITS))
 
 
 def tile_shape(group: int, decode: bool, cfg: AttentionConfig) -> tuple[int, int]:

@@ -24,6 +24,7 @@ triton = pytest.importorskip("triton")
 
 from kernels import configs, reference, triton_kv, triton_sample  # noqa: E402
 from kernels import triton_attention as ta  # noqa: E402
+from kernels import triton_splits as splits_mod  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interp = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child process")
@@ -308,7 +309,7 @@ def test_interp_fused_combine_merges_in_the_last_split(
     b = make_batch(decodes(16), 16, heads, seed=splits)
     b.check(num_splits=splits, config=cfg)
     b.check(num_splits=splits, config=cfg)  # again: the counters were reset
-    assert int(ta._COUNTERS[torch.device("cpu")].count_nonzero()) == 0
+    assert int(splits_mod._COUNTERS[torch.device("cpu")].count_nonzero()) == 0
     n, pad = len(b.q_lens), 2
     q = torch.cat([b.q, torch.randn(pad, *b.q.shape[1:])])
     table = torch.cat([b.table, torch.full((pad, b.table.shape[1]), GARBAGE_BLOCK).int()])
@@ -486,7 +487,7 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
 
 @compiled
 def test_split_count_follows_sms_batch_and_context() -> None:
-    assert ta.choose_num_splits(1, 2, 8192, 132) == ta.MAX_SPLITS
+    assert ta.choose_num_splits(1, 2, 8192, 132) == splits_mod.MAX_SPLITS
     assert ta.choose_num_splits(1, 2, 600, 132) == 3  # no split shorter than MIN_SPLIT_TOKENS
     assert ta.choose_num_splits(32, 2, 4096, 132) == 5  # ceil(264 / 64)
     assert ta.choose_num_splits(256, 2, 32768, 132) == 1

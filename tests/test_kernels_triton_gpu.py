@@ -121,7 +121,8 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
     from dataclasses import replace
 
     from kernels.configs import lookup
-    from kernels.triton_attention import _COUNTERS, paged_attention
+    from kernels.triton_attention import paged_attention
+    from kernels.triton_splits import _COUNTERS
 
     lengths = torch.randint(1, 8192, (batch,), generator=torch.Generator().manual_seed(batch))
     q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), dtypes()[-1])
