@@ -9,7 +9,6 @@ compiled `flex_attention`, both with the GQA group folded into the query axis.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import platform
@@ -19,136 +18,24 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
-from triton.testing import do_bench
 
-from kernels import empty_kv_cache
+from kernels.bench_timing import (
+    _ms,
+    _pool,
+    _table,
+    copy_bandwidth,
+    empty_kernel_ms,
+    matmul_rate,
+    num_layers,
+    per_call_ms,
+    read_floor_ms,
+)
 from kernels.configs import lookup, phase_of
 from kernels.triton_attention import _device_info, paged_attention
 from kernels.triton_splits import choose_num_splits
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 SPLIT_SCAN = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts timed at batch 8 and 64
-
-
-def _ms(fn) -> float:
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-LAYER_BYTES = 512 * 2**20  # the layers of one timed graph read at least this much (>> L2)
-MAX_LAYERS = 24
-
-
-def num_layers(bytes_per_layer: int) -> int:
-    """Layers (distinct caches) per timed graph: enough that no layer's data is still in L2."""
-    return max(4, min(MAX_LAYERS, -(-LAYER_BYTES // bytes_per_layer)))
-
-
-def per_call_ms(calls) -> float:
-    """Milliseconds per call of `calls` (one callable per layer) captured back to back in one
-    CUDA graph, as the engine's decode step replays them.
-
-    One replay of a single small kernel measures the graph launch (~10 us on an H200), not the
-    kernel; a layer stack measures each kernel behind the previous one, on cold data.
-    """
-    for call in calls:
-        call()  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for call in calls:
-            call()
-    return _ms(g.replay) / len(calls)
-
-
-def _graphed(fn, graph: bool = True):
-    """`fn` captured in a CUDA graph, or `fn` itself (eager: the host's launch cost included)."""
-    if not graph:
-        return fn
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-@triton.jit
-def _empty(x_ptr):
-    pass
-
-
-def empty_kernel_ms(device: torch.device) -> float:
-    """Milliseconds per call of a kernel that does nothing, in the same kind of layer-stack graph:
-    the part of every figure below that no kernel can remove (launch and drain of a graph node)."""
-    x = torch.empty(1, device=device)
-    return per_call_ms([lambda: _empty[(1,)](x)] * MAX_LAYERS)
-
-
-@triton.jit
-def _read_sum(x_ptr, out_ptr, per_program, BLOCK: tl.constexpr):
-    """Sum program `p`'s contiguous `per_program` elements (a multiple of BLOCK) of `x`."""
-    start = tl.program_id(0).to(tl.int64) * per_program
-    acc = tl.zeros([BLOCK], tl.float32)
-    for i in range(0, per_program, BLOCK):
-        acc += tl.load(x_ptr + start + i + tl.arange(0, BLOCK)).to(tl.float32)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
-
-
-READ_GRIDS = (2, 4, 8)  # programs per SM tried by `read_floor_ms`
-
-
-def read_floor_ms(nbytes: int, device: torch.device) -> tuple[float, int]:
-    """(milliseconds per call, programs per SM) of the fastest plain read of `nbytes` (rounded up
-    to whole 8 KB tiles, as many per program) over the grids in READ_GRIDS, in the same kind of
-    layer-stack graph as attention: what a kernel that only streams the same bytes in, from a
-    cold L2, pays per call at this size."""
-    sms = _device_info(device)[1]
-    block = 4096
-    tiles = -(-nbytes // (2 * block))
-    best, tried = (math.inf, 0), set()
-    for per_sm in READ_GRIDS:
-        per_program = -(-tiles // (sms * per_sm))  # tiles a program reads
-        programs = -(-tiles // per_program)  # no program idle: less than one tile over
-        if programs in tried:
-            continue
-        tried.add(programs)
-        per_program *= block
-        xs = [
-            torch.ones(programs * per_program, dtype=torch.float16, device=device)
-            for _ in range(num_layers(nbytes))
-        ]
-        out = torch.empty(programs, dtype=torch.float32, device=device)
-        launch = _read_sum[(programs,)]
-        calls = [
-            functools.partial(launch, x, out, per_program, BLOCK=block, num_warps=8) for x in xs
-        ]
-        best = min(best, (per_call_ms(calls), per_sm))
-        del xs
-    return best
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes per second of a 2 GiB device-to-device copy (read + write counted)."""
-    src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
-    dst = torch.empty_like(src)
-    ms = _ms(lambda: dst.copy_(src))
-    return 2 * src.nbytes / (ms * 1e-3)
-
-
-def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, device):
-    """K and V caches of `batch` sequences of `ctx` tokens (stored as the engine stores them)
-    and a random block table over them."""
-    per_seq = -(-ctx // block)
-    k, v = empty_kv_cache(1, batch * per_seq, block, hkv, d, dtype, device)[0]  # as the engine
-    return k.normal_(), v.normal_(), _table(batch, per_seq, False, device)
-
-
-def _table(batch: int, per_seq: int, identity: bool, device) -> torch.Tensor:
-    """A block table: the identity (sequence i owns blocks i * per_seq ...) or a permutation."""
-    n = batch * per_seq
-    ids = torch.arange(n, device=device) if identity else torch.randperm(n, device=device)
-    return ids.view(batch, per_seq).to(torch.int32)
 
 
 def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=()) -> dict:
@@ -207,8 +94,9 @@ def peers(shape, batch, ctx, dtype, device, with_flex: bool) -> dict:
     hq, hkv, d = SHAPES[shape]
     g = hq // hkv
     q = torch.randn(batch, hkv, g, d, dtype=dtype, device=device)
-    read_ms, grid = read_floor_ms(2 * batch * ctx * hkv * d * q.element_size(), device)
-    layers = num_layers(2 * batch * ctx * hkv * d * q.element_size())
+    kv_bytes = 2 * batch * ctx * hkv * d * q.element_size()
+    read_ms, grid = read_floor_ms(kv_bytes, device)
+    layers = num_layers(kv_bytes)
     caches = [
         (
             torch.randn(batch, hkv, ctx, d, dtype=dtype, device=device),
@@ -252,12 +140,6 @@ def prefill_case(shape, q_len, dtype, device, matmul_flops) -> dict:
         "floor_ms": flops / matmul_flops * 1e3,
         "flops": flops,
     }
-
-
-def matmul_rate(dtype, device) -> float:
-    a = torch.randn(8192, 8192, dtype=dtype, device=device)
-    b = torch.randn_like(a)
-    return 2 * 8192**3 / (_ms(lambda: a @ b) * 1e-3)
 
 
 def fixed_and_streaming(decode: list[dict], bandwidth: float) -> list[dict]:

@@ -24,13 +24,12 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from kernels import empty_kv_cache
-from kernels.bench import num_layers, per_call_ms, read_floor_ms
+from kernels.bench import SHAPES
+from kernels.bench_timing import _pool, num_layers, per_call_ms, read_floor_ms
 from kernels.configs import AttentionConfig, lookup, phase_of
 from kernels.triton_attention import _device_info, paged_attention
 from kernels.triton_kv import write_kv
 
-SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 DECODE = [(1, 8192), (8, 2048), (64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 PREFILL = [4096, 16384]
 DECODE_CONFIGS = [
@@ -69,13 +68,8 @@ def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
     """Per-layer caches (enough layers to exceed L2, stored as the engine stores them) with
     random block tables."""
     hq, hkv, d = SHAPES[shape]
-    per_seq = -(-ctx // block)
-    kv_bytes = 2 * batch * per_seq * block * hkv * d * torch.finfo(dtype).bits // 8
-    pools = []
-    for _ in range(num_layers(kv_bytes)):
-        k, v = empty_kv_cache(1, batch * per_seq, block, hkv, d, dtype, "cuda")[0]
-        perm = torch.randperm(batch * per_seq, device="cuda")
-        pools.append((k.normal_(), v.normal_(), perm.view(batch, per_seq).to(torch.int32)))
+    kv_bytes = 2 * batch * -(-ctx // block) * block * hkv * d * torch.finfo(dtype).bits // 8
+    pools = [_pool(batch, ctx, block, hkv, d, dtype, "cuda") for _ in range(num_layers(kv_bytes))]
     q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
@@ -309,10 +303,7 @@ def _prefill(rows: list[dict], dtype) -> None:
 
 def _case(shape: str, batch: int, ctx: int, q_len: int, dtype, block: int = 16):
     hq, hkv, d = SHAPES[shape]
-    per_seq = -(-ctx // block)
-    k, v = empty_kv_cache(1, batch * per_seq, block, hkv, d, dtype, "cuda")[0]
-    k, v = k.normal_(), v.normal_()
-    table = torch.randperm(batch * per_seq, device="cuda").view(batch, per_seq).to(torch.int32)
+    k, v, table = _pool(batch, ctx, block, hkv, d, dtype, "cuda")
     q = torch.randn(batch * q_len, hq, d, dtype=dtype, device="cuda")
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len

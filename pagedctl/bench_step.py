@@ -20,7 +20,7 @@ import torch
 
 from engine import SamplingParams
 from engine.llm import LLM
-from kernels.bench import copy_bandwidth
+from kernels.bench_timing import copy_bandwidth
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:

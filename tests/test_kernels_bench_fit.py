@@ -52,3 +52,22 @@ def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path
     assert "| +1.0% (-0.4%..+3.1%) |" in new and new.endswith("| 250.0 | 18.6 | 1.25 |")
     assert (tmp_path / "kernels.md").read_text() == text + "\n"
     assert (tmp_path / "kernels.json").exists()
+
+
+@pytest.mark.parametrize("max_programs", [264, 528, 1056])
+def test_plain_read_grid_reads_the_bytes_in_whole_tiles_with_no_idle_program(
+    max_programs: int,
+) -> None:
+    """Every bench size (and a few odd ones): at least the bytes asked, by less than one
+    program's share (session 6's first sizing read 3% more and scaled the time back: wrong
+    for small reads), no more programs than asked for, none without a tile."""
+    from kernels.bench_timing import READ_TILE, read_grid
+
+    sizes = [2 * b * c * h * 64 * 2 for b in (1, 8, 64, 256) for c in (512, 2048, 8192, 32768)
+             for h in (2, 3)] + [1, 8191, 8193, 10**9 + 7]  # fmt: skip
+    for nbytes in sizes:
+        programs, per_program = read_grid(nbytes, max_programs)
+        assert per_program % READ_TILE == 0 and 1 <= programs <= max_programs
+        read = 2 * programs * per_program
+        assert nbytes <= read < nbytes + 2 * per_program
+        assert 2 * (programs - 1) * per_program < nbytes  # the last program has bytes to read

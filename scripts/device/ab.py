@@ -12,7 +12,7 @@ import torch
 
 import kernels.sweep as sw
 import kernels.triton_attention as new
-from kernels.bench import per_call_ms
+from kernels.bench_timing import per_call_ms
 
 spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
 old = importlib.util.module_from_spec(spec)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import kernels.triton_attention as new
-from kernels.bench import SHAPES, _pool
+from kernels.bench import SHAPES
+from kernels.bench_timing import _pool
 
 spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
 old = importlib.util.module_from_spec(spec)

@@ -3,7 +3,7 @@ engine's layout (one [L, 2, N, 16, 2, 64] tensor of ~100 GB, contiguous blocks p
 
 import torch
 
-from kernels.bench import per_call_ms
+from kernels.bench_timing import per_call_ms
 from kernels.triton_attention import paged_attention
 
 B, CTX, L, BS, HKV, D, HQ = 256, 1088, 24, 16, 2, 64, 14

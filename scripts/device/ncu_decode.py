@@ -6,7 +6,8 @@ import sys
 
 import torch
 
-from kernels.bench import SHAPES, _pool
+from kernels.bench import SHAPES
+from kernels.bench_timing import _pool
 from kernels.configs import AttentionConfig
 from kernels.triton_attention import paged_attention
 

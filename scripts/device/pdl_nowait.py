@@ -22,7 +22,7 @@ import torch
 
 import kernels.sweep as sw
 import kernels.triton_attention as shipped
-from kernels.bench import per_call_ms
+from kernels.bench_timing import per_call_ms
 from kernels.triton_kv import write_kv
 
 src = Path(shipped.__file__).read_text()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.bench import SHAPES, read_floor_ms
+from kernels.bench import SHAPES
+from kernels.bench_timing import read_floor_ms
 
 data = json.loads(Path(sys.argv[1]).read_text())
 for row in data["peers"]:
