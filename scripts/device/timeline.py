@@ -33,7 +33,7 @@ from kernels.triton_attention import _device_info, paged_attention
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "triton_attention.py"
 
-HELPERS = '''
+HELPERS = """
 
 @triton.jit
 def _now():
@@ -50,7 +50,7 @@ def _smid():
 
 
 STAMPS = None
-'''
+"""
 
 EDITS = [  # (anchor, replacement): each anchor must occur exactly once
     ("LOG2E = 1.4426950408889634\n", "LOG2E = 1.4426950408889634\n" + HELPERS),
@@ -189,7 +189,8 @@ def attention_case(mod, shape, batch, ctx, splits):
     sms = _device_info(q.device)[1]
     hkv = sw.SHAPES[shape][1]
     n_split = splits or mod.choose_num_splits(batch, hkv, ctx, sms)
-    stamps = [torch.zeros(batch * hkv * n_split, 5, dtype=torch.int64, device="cuda") for _ in pools]
+    n = batch * hkv * n_split
+    stamps = [torch.zeros(n, 5, dtype=torch.int64, device="cuda") for _ in pools]
 
     def stamped(i, k, v, t):
         mod.STAMPS = stamps[i]
@@ -213,12 +214,14 @@ def read_case(nbytes, per_sm):
     sms = _device_info(torch.device("cuda"))[1]
     programs, per_program = read_grid(nbytes, sms * per_sm)
     layers = 8
-    xs = [torch.ones(programs * per_program, dtype=torch.float16, device="cuda") for _ in range(layers)]
+    size = programs * per_program
+    xs = [torch.ones(size, dtype=torch.float16, device="cuda") for _ in range(layers)]
     out = torch.empty(programs, dtype=torch.float32, device="cuda")
     stamps = [torch.zeros(programs, 5, dtype=torch.int64, device="cuda") for _ in xs]
+    launch = _read_stamped[(programs,)]
     calls = [
-        functools.partial(_read_stamped[(programs,)], x, out, s, per_program, BLOCK=4096, num_warps=8)
-        for x, s in zip(xs, stamps)
+        functools.partial(launch, x, out, s, per_program, BLOCK=4096, num_warps=8)
+        for x, s in zip(xs, stamps, strict=True)
     ]
     percall = per_call_ms(calls) * 1e3
     _capture(calls)
