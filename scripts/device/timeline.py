@@ -1,4 +1,5 @@
-"""Where a decode call's time goes: `python3 scripts/device/timeline.py [OUT.json]`.
+"""Where a decode call's time goes: `python3 scripts/device/timeline.py [OUT.json [FIELD=N ...]]`
+(fields of `AttentionConfig` to override in the shipped decode config, e.g. `prefetch=1`).
 
 Runs an instrumented copy of kernels/triton_attention.py (made here by inserting timer reads, so
 the shipped kernel is untouched) in the same layer-stack CUDA graph the benches time. Each program
@@ -15,6 +16,7 @@ shape (medians over the graph's layers, microseconds from the layer's first prog
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -183,9 +185,12 @@ def summarize(stamps: list[torch.Tensor]) -> dict:
     return out
 
 
+OVERRIDE: dict = {}  # AttentionConfig fields to replace in the shipped config (argv 2...)
+
+
 def attention_case(mod, shape, batch, ctx, splits):
     q, pools, lens, cu, scale = sw._pools(shape, batch, ctx, torch.bfloat16)
-    cfg = sw._shipped(shape, batch)
+    cfg = dataclasses.replace(sw._shipped(shape, batch), **OVERRIDE)
     sms = _device_info(q.device)[1]
     hkv = sw.SHAPES[shape][1]
     n_split = splits or mod.choose_num_splits(batch, hkv, ctx, sms)
@@ -231,6 +236,7 @@ def read_case(nbytes, per_sm):
 
 
 def main() -> None:
+    OVERRIDE.update((k, int(v)) for k, v in (a.split("=") for a in sys.argv[2:]))
     mod = instrumented()
     results = []
     cases = [
