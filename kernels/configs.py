@@ -33,9 +33,6 @@ class AttentionConfig:
             engine's `write_kv`) runs and read the tables and lengths, then wait for it. Off in
             every shipped config: on the H200 it hid 0.4-0.6 us on short calls and cost 2.5-3.7
             us behind `write_kv` at batch 64 x 8K (results/kernels-layout-h200.md).
-        prefetch: if 1 or 2, decode runs its KV loop pipelined by hand in registers, that many
-            tiles' K/V ahead (see `triton_attention._decode_prefetched`), instead of by
-            Triton's pipeliner (0); `num_stages` then applies to prefill only.
     """
 
     block_m: int
@@ -45,7 +42,6 @@ class AttentionConfig:
     min_rows: int = 16
     fused_combine: bool = False
     pdl: bool = False
-    prefetch: int = 0
 
 
 # Decode grids of more (sequence, KV head) programs per SM than this use "decode_wide".

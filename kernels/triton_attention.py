@@ -110,102 +110,6 @@ def _tile(
 
 
 @triton.jit
-def _block_ids(j, bt_row, bt_cols, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
-    """Block ids of tile `j`'s positions. Masked by the table's width, not the sequence's
-    length, so the load waits on nothing: entries past the length only feed masked K/V loads."""
-    col = (j * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-    return tl.load(bt_row + col, mask=col < bt_cols, other=0)
-
-
-@triton.jit
-def _load_kv(
-    j, blk_ids, limit, k_head, v_head, d, d_ok,
-    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-):  # fmt: skip
-    """K (as [D, TILE_N]) and V (as [TILE_N, D]) of tile `j` into registers; positions at or
-    past `limit` load nothing (zeros)."""
-    pos = j * TILE_N + tl.arange(0, TILE_N)
-    pos_ok = pos < limit
-    blk = blk_ids.to(tl.int64)
-    off = pos % BLOCK_SIZE
-    k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
-    v_off = blk[:, None] * stride_vb + off[:, None] * stride_vo + d[None, :] * stride_vd
-    k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
-    v = tl.load(v_head + v_off, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
-    return k, v
-
-
-@triton.jit
-def _decode_tile(
-    j, q, limit, m_i, l_acc, acc, k, v, qk_scale, TILE_N: tl.constexpr, DOT_PREC: tl.constexpr
-):
-    """Decode's online-softmax step over tile `j` whose K/V are already in registers (row sums
-    kept per column, see `_attn_fwd`)."""
-    pos_ok = j * TILE_N + tl.arange(0, TILE_N) < limit
-    s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
-    s = tl.where(pos_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_acc = l_acc * alpha[:, None] + p
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-    return m_new, l_acc, acc
-
-
-@triton.jit
-def _decode_prefetched(
-    q, limit, num_tiles, split, m_i, l_acc, acc, bt_row, bt_cols, k_head, v_head, d, d_ok,
-    qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PREC: tl.constexpr, DEPTH: tl.constexpr,
-):  # fmt: skip
-    """Decode's KV loop, pipelined by hand in registers: while tile j is computed, the K/V of
-    tile j + DEPTH * S are loaded (S = NUM_SPLITS, this split's stride; DEPTH 1 or 2) and the
-    block ids of the tile two further on, so no load waits on a table read. (Triton's own
-    pipeliner keeps a table read only one tile ahead of its K/V: each tile then waits one
-    memory round trip, which bounds a program's rate whatever its stages.)"""
-    S: tl.constexpr = NUM_SPLITS
-    ids0 = _block_ids(split, bt_row, bt_cols, BLOCK_SIZE, TILE_N)
-    ids1 = _block_ids(split + S, bt_row, bt_cols, BLOCK_SIZE, TILE_N)
-    ids2 = _block_ids(split + 2 * S, bt_row, bt_cols, BLOCK_SIZE, TILE_N)
-    k0, v0 = _load_kv(
-        split, ids0, limit, k_head, v_head, d, d_ok,
-        stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd, BLOCK_SIZE, TILE_N,
-    )  # fmt: skip
-    if DEPTH == 1:
-        for j in range(split, num_tiles, S):
-            ids3 = _block_ids(j + 3 * S, bt_row, bt_cols, BLOCK_SIZE, TILE_N)
-            k1, v1 = _load_kv(
-                j + S, ids1, limit, k_head, v_head, d, d_ok, stride_kb, stride_ko, stride_kd,
-                stride_vb, stride_vo, stride_vd, BLOCK_SIZE, TILE_N,
-            )  # fmt: skip
-            m_i, l_acc, acc = _decode_tile(
-                j, q, limit, m_i, l_acc, acc, k0, v0, qk_scale, TILE_N, DOT_PREC
-            )
-            k0, v0 = k1, v1
-            ids1, ids2 = ids2, ids3
-    else:
-        ids3 = _block_ids(split + 3 * S, bt_row, bt_cols, BLOCK_SIZE, TILE_N)
-        k1, v1 = _load_kv(
-            split + S, ids1, limit, k_head, v_head, d, d_ok,
-            stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd, BLOCK_SIZE, TILE_N,
-        )  # fmt: skip
-        for j in range(split, num_tiles, S):
-            ids4 = _block_ids(j + 4 * S, bt_row, bt_cols, BLOCK_SIZE, TILE_N)
-            k2, v2 = _load_kv(
-                j + 2 * S, ids2, limit, k_head, v_head, d, d_ok, stride_kb, stride_ko, stride_kd,
-                stride_vb, stride_vo, stride_vd, BLOCK_SIZE, TILE_N,
-            )  # fmt: skip
-            m_i, l_acc, acc = _decode_tile(
-                j, q, limit, m_i, l_acc, acc, k0, v0, qk_scale, TILE_N, DOT_PREC
-            )
-            k0, v0, k1, v1 = k1, v1, k2, v2
-            ids2, ids3 = ids3, ids4
-    return m_i, l_acc, acc
-
-
-@triton.jit
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr,
@@ -217,7 +121,6 @@ def _attn_fwd(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
     DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -276,33 +179,26 @@ def _attn_fwd(
     v_head = v_ptr + kvh * stride_vh
     # The block ids of a program's next tile are read during its current one, so no K/V address
     # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
-    if BLOCK_Q == 1 and PREFETCH:
-        m_i, l_acc, acc = _decode_prefetched(
-            q, limit, num_tiles, split, m_i, l_acc, acc, bt_row, bt_cols, k_head, v_head, d,
-            d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-            BLOCK_SIZE, TILE_N, NUM_SPLITS, DOT_PREC, PREFETCH,
-        )  # fmt: skip
+    if BLOCK_Q == 1:  # one query token a program (decode): every tile is masked by length
+        diagonal = split
     else:
-        if BLOCK_Q == 1:  # one query token a program (decode): every tile is masked by length
-            diagonal = split
-        else:
-            # Tiles below the block's first query position are visible to every row whole: no
-            # causal or length mask; the tiles after them (the diagonal) are masked.
-            full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
-            for j in range(split, full, NUM_SPLITS):
-                m_i, l_acc, acc, blk_next = _tile(
-                    j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head,
-                    v_head, d, d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb,
-                    stride_vo, stride_vd, BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, False,
-                )  # fmt: skip
-            # this split's first tile from `full` on (the block ids loaded last are that tile's)
-            diagonal = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
-        for j in range(diagonal, num_tiles, NUM_SPLITS):
+        # Tiles below the block's first query position are visible to every row whole: no
+        # causal or length mask; the tiles after them (the diagonal) are masked.
+        full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
+        for j in range(split, full, NUM_SPLITS):
             m_i, l_acc, acc, blk_next = _tile(
-                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head,
-                d, d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo,
-                stride_vd, BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
+                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
+                d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, False,
             )  # fmt: skip
+        # this split's first tile from `full` on (the block ids loaded last are that tile's)
+        diagonal = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+    for j in range(diagonal, num_tiles, NUM_SPLITS):
+        m_i, l_acc, acc, blk_next = _tile(
+            j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
+            d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+            BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
+        )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)
@@ -418,7 +314,6 @@ def paged_attention(
     grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     fused = splits > 1 and cfg.fused_combine
     pdl = cfg.pdl and decode and pdl_capable(capability)
-    prefetch = cfg.prefetch if decode else 0  # decode pipelined by hand: no Triton pipeliner
     if splits > 1:
         ws = (grid0, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
@@ -434,9 +329,9 @@ def paged_attention(
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
         BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,
-        launch_pdl=pdl, PREFETCH=prefetch,
+        launch_pdl=pdl,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages, **consts,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip
     if splits > 1 and not fused:
         _combine_splits[(grid0, num_kv_heads)](
