@@ -194,15 +194,30 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
             {"environment": env, "decode": decode, "peers": peer_rows, "prefill": prefill}, indent=1
         )
     )
+    runs = env.get("runs", [env])
+    copy = " and ".join(f"{r['copy_bandwidth_GBps']:.0f}" for r in runs)
+    split_runs = (
+        f" (in {len(runs)} runs, one per shape: each row's % uses its own run's copy bandwidth)"
+        if len(runs) > 1
+        else ""
+    )
+    launch = (
+        f"; a graph's own launch adds {env['graph_launch_us']:.1f} us to each replay (not in "
+        "any figure below)"
+        if "graph_launch_us" in env
+        else ""
+    )
     lines = [
         f"# Paged attention on {env['gpu']} ({env['dtype']})",
         "",
-        f"copy bandwidth {bw / 1e9:.0f} GB/s, matmul {mm / 1e12:.0f} TFLOP/s; torch "
+        f"copy bandwidth {copy} GB/s{split_runs}, matmul {mm / 1e12:.0f} TFLOP/s; torch "
         f"{env['torch']}, triton {env['triton']}; an empty kernel costs "
-        f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph",
+        f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph{launch}",
         "",
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
-        "(as a decode step replays them; `layers` in the JSON); eager: one call launched from "
+        "(as a decode step replays them; `layers` in the JSON): what one more call adds to the "
+        "graph (where `graph_launch_us` is in the JSON; before, a replay's time over its calls, "
+        "the graph's launch included); eager: one call launched from "
         "Python each time; other combine: the same split count merged the way the shipped "
         "config does not (`f` = `fused_combine`, the last split merges in the same launch; "
         "`k` = a second, combine kernel), `-` where one split is chosen; paging overhead: the "
@@ -285,12 +300,24 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--quick", action="store_true", help="a small sweep")
     p.add_argument(
-        "--render", type=Path, metavar="JSON", help="rewrite the tables of a kernels.json, no GPU"
+        "--shapes", type=lambda s: s.split(","), default=list(SHAPES), help="comma-separated"
+    )
+    p.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="rewrite the tables of kernels.json files (runs of different shapes: one table), "
+        "no GPU",
     )
     a = p.parse_args()
     if a.render:
-        d = json.loads(a.render.read_text())
-        print(write(a.out, d["environment"], d["decode"], d["peers"], d["prefill"]))
+        runs = [json.loads(path.read_text()) for path in a.render]
+        env = dict(runs[0]["environment"])
+        if len(runs) > 1:
+            env["runs"] = [r["environment"] for r in runs]
+        rows = {key: [x for r in runs for x in r[key]] for key in ("decode", "peers", "prefill")}
+        print(write(a.out, env, rows["decode"], rows["peers"], rows["prefill"]))
         return
     device, dtype = torch.device("cuda"), getattr(torch, a.dtype)
     bw, mm = copy_bandwidth(device), matmul_rate(dtype, device)
@@ -303,13 +330,14 @@ def main() -> None:
         "matmul_TFLOPs": mm / 1e12,
         "dtype": a.dtype,
         "sms": _device_info(device)[1],
-        "empty_kernel_us": empty_kernel_ms(device) * 1e3,
     }
+    empty, launch = empty_kernel_ms(device)
+    env.update(empty_kernel_us=empty * 1e3, graph_launch_us=launch * 1e3, shapes=a.shapes)
     batches, contexts = (
         ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])
     )
     decode, peer_rows = [], []
-    for shape in SHAPES:
+    for shape in a.shapes:
         for batch in batches:
             for ctx in contexts:
                 if batch * ctx > 256 * 8192:  # 256 x 32K would not be a decode batch anyone runs
@@ -335,7 +363,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 write(a.out, env, decode, peer_rows, [])
     prefill = []
-    for s in SHAPES:
+    for s in a.shapes:
         for n in (1024, 4096, 16384):
             prefill.append(prefill_case(s, n, dtype, device, mm))
             write(a.out, env, decode, peer_rows, prefill)

@@ -31,21 +31,40 @@ def num_layers(bytes_per_layer: int) -> int:
     return max(4, min(MAX_LAYERS, -(-LAYER_BYTES // bytes_per_layer)))
 
 
-def per_call_ms(calls) -> float:
-    """Milliseconds per call of `calls` (one callable per layer) captured back to back in one
-    CUDA graph, as the engine's decode step replays them.
+GRAPH_REPEATS = 4  # the stack is timed once and this many times over, in two graphs
 
-    One replay of a single small kernel measures the graph launch (~10 us on an H200), not the
-    kernel; a layer stack measures each kernel behind the previous one, on cold data.
-    """
+
+def _graph_ms(calls, repeats: int) -> float:
+    """Milliseconds per replay of one CUDA graph holding `calls` back to back, `repeats` times."""
     for call in calls:
         call()  # compile outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for call in calls:
-            call()
-    return _ms(g.replay) / len(calls)
+        for _ in range(repeats):
+            for call in calls:
+                call()
+    return _ms(g.replay)
+
+
+def stack_ms(calls, repeats: int = GRAPH_REPEATS) -> tuple[float, float]:
+    """(milliseconds per call, milliseconds the graph's own launch adds to a replay) of `calls`
+    (one callable per layer) in CUDA graphs, as the engine's decode step replays them.
+
+    A call's time is what one more call adds to a graph: (the stack `repeats` times over - the
+    stack once) / ((repeats - 1) * len(calls)), each call behind the previous one on cold data
+    (the stack is sized past L2). The rest of a replay is the graph's launch, about 14 us on an
+    H200 whatever it holds: a decode step pays it once for all of its kernels, so it is no one
+    kernel's cost, yet spread over a stack of 8 calls it would add ~1.8 us to each.
+    """
+    once, many = _graph_ms(calls, 1), _graph_ms(calls, repeats)
+    per_call = (many - once) / ((repeats - 1) * len(calls))
+    return per_call, once - per_call * len(calls)
+
+
+def per_call_ms(calls) -> float:
+    """Milliseconds per call of `calls` in a CUDA graph of back-to-back calls (see `stack_ms`)."""
+    return stack_ms(calls)[0]
 
 
 @triton.jit
@@ -53,11 +72,12 @@ def _empty(x_ptr):
     pass
 
 
-def empty_kernel_ms(device: torch.device) -> float:
-    """Milliseconds per call of a kernel that does nothing, in the same kind of layer-stack graph:
-    the part of every figure below that no kernel can remove (launch and drain of a graph node)."""
+def empty_kernel_ms(device: torch.device) -> tuple[float, float]:
+    """(milliseconds per call, milliseconds of the graph's launch) of a kernel that does nothing,
+    in the same kind of layer-stack graph: the part of every figure below that no kernel can
+    remove (launch and drain of a graph node), and what a replay pays once."""
     x = torch.empty(1, device=device)
-    return per_call_ms([lambda: _empty[(1,)](x)] * MAX_LAYERS)
+    return stack_ms([lambda: _empty[(1,)](x)] * MAX_LAYERS)
 
 
 @triton.jit

@@ -135,8 +135,11 @@ def _attn_fwd(
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
-    if qb_start >= q_len:
-        return
+    # (a one-block program's sequence without queries gets no keys below instead; the constexpr
+    # test stays a branch of its own, so no runtime test is compiled for it)
+    if not ONE_QBLOCK:  # noqa: SIM102
+        if qb_start >= q_len:
+            return
     context = seq_len - q_len
     if PDL:
         # A programmatic dependent launch starts while the kernel before it still runs. Only
@@ -156,6 +159,11 @@ def _attn_fwd(
     q = q.to(k_ptr.dtype.element_ty)
     q_pos = context + tok
     limit = context + tl.minimum(qb_start + BLOCK_Q, q_len)  # keys [0, limit) are visible
+    if ONE_QBLOCK:
+        # No early return on the query length above: the compiler sinks the table, length and
+        # query loads past such a branch, so each program would wait one more memory round trip
+        # before its first K/V load. A sequence without queries sees no keys instead.
+        limit = tl.where(q_len > 0, limit, 0)
     num_tiles = tl.cdiv(limit, TILE_N)
     if NUM_SPLITS > 1:
         if FUSED_COMBINE and num_tiles == 0 and split == 0:

@@ -229,6 +229,18 @@ def test_interp_decode_graph_padding_rows_read_nothing(splits: int) -> None:
 
 
 @interp
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_interp_sequences_without_queries_write_nothing(splits: int | None, fused: bool) -> None:
+    """Sequences with no query token among one-token queries: the one-query-block path takes no
+    early exit on the query length (it would hold back the first loads), so such a program runs
+    with no keys instead. It must write no row: its first output row is its neighbour's."""
+    specs = [(1, 40), (0, 70), (1, 15), (0, 1), (1, 33), (0, 5)]
+    cfg = configs.AttentionConfig(16, 32, 4, 1, min_rows=1, fused_combine=fused)
+    make_batch(specs, 16, (9, 3), seed=21).check(num_splits=splits, config=cfg)
+
+
+@interp
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_interp_decode_fp16_auto_splits(block_size: int) -> None:
     batch = make_batch(decodes(block_size), block_size, (14, 2), dtype=torch.float16)

@@ -11,7 +11,8 @@ shape (medians over the graph's layers, microseconds from the layer's first prog
   launch    first to last program start       loop   median / max of a program's loop
   end50/end the median and last program end   merge  median time from loop end to end, merging
   gap       last end of a layer to the first start of the next (the graph's node-to-node time)
-  percall   the uninstrumented kernel's time per call, and the instrumented one's
+  percall   the uninstrumented kernel's time per call (`bench_timing.stack_ms`: graph launch
+            excluded), and the instrumented one's
 """
 
 from __future__ import annotations
