@@ -47,17 +47,20 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     kv_bytes = 2 * batch * ctx * hkv * d * q.element_size()
     layers = num_layers(kv_bytes)
     row = {"shape": shape, "batch": batch, "context": ctx, "block": block, "layers": layers}
+    row["shared_table"] = True
     # Both tables index the same caches: the paging overhead compares block orders, not two
-    # allocations (whose placement in memory alone moved the figure by a few percent).
-    in_order = _table(batch, -(-ctx // block), True, device)  # one table serves every layer
-    pools = [_pool(batch, ctx, block, hkv, d, dtype, device) for _ in range(layers)]
+    # allocations (whose placement in memory alone moved the figure by a few percent). Each
+    # serves every layer, as the engine's one table per step does.
+    in_order = _table(batch, -(-ctx // block), True, device)
+    shuffled = _table(batch, -(-ctx // block), False, device)
+    pools = [_pool(batch, ctx, block, hkv, d, dtype, device, shuffled) for _ in range(layers)]
 
     def calls(identity: bool, splits: int | None = None, cfg=None):
         return [
             lambda k=k, v=v, t=(in_order if identity else shuffled): paged_attention(
                 q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg
             )
-            for k, v, shuffled in pools
+            for k, v, _ in pools
         ]
 
     # random, identity, identity, random, twice: a linear drift cancels in the two means
@@ -215,7 +218,9 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph{launch}",
         "",
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
-        "(as a decode step replays them; `layers` in the JSON): what one more call adds to the "
+        "(as a decode step replays them; `layers` in the JSON; where `shared_table` is in the "
+        "JSON, through one block table, as the engine's layers share one): what one more call "
+        "adds to the "
         "graph (where `graph_launch_us` is in the JSON; before, a replay's time over its calls, "
         "the graph's launch included); eager: one call launched from "
         "Python each time; other combine: the same split count merged the way the shipped "
@@ -302,6 +307,9 @@ def main() -> None:
     p.add_argument(
         "--shapes", type=lambda s: s.split(","), default=list(SHAPES), help="comma-separated"
     )
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--batches", type=ints, help="comma-separated (default: 1,8,64,256)")
+    p.add_argument("--contexts", type=ints, help="comma-separated (default: 512,...,32768)")
     p.add_argument(
         "--render",
         type=Path,
@@ -336,6 +344,7 @@ def main() -> None:
     batches, contexts = (
         ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])
     )
+    batches, contexts = a.batches or batches, a.contexts or contexts
     decode, peer_rows = [], []
     for shape in a.shapes:
         for batch in batches:

@@ -137,12 +137,15 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * src.nbytes / (ms * 1e-3)
 
 
-def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, device):
+def _pool(batch: int, ctx: int, block: int, hkv: int, d: int, dtype, device, table=None):
     """K and V caches of `batch` sequences of `ctx` tokens (stored as the engine stores them)
-    and a random block table over them."""
+    and a block table over them: `table`, or a fresh random one. A layer stack passes one table
+    to every layer's pool, as the engine's layers share one table per step."""
     per_seq = -(-ctx // block)
     k, v = empty_kv_cache(1, batch * per_seq, block, hkv, d, dtype, device)[0]  # as the engine
-    return k.normal_(), v.normal_(), _table(batch, per_seq, False, device)
+    if table is None:
+        table = _table(batch, per_seq, False, device)
+    return k.normal_(), v.normal_(), table
 
 
 def _table(batch: int, per_seq: int, identity: bool, device) -> torch.Tensor:

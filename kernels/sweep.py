@@ -25,7 +25,7 @@ import torch
 from triton.testing import do_bench
 
 from kernels.bench import SHAPES
-from kernels.bench_timing import _pool, num_layers, per_call_ms, read_floor_ms
+from kernels.bench_timing import _pool, _table, num_layers, per_call_ms, read_floor_ms
 from kernels.configs import AttentionConfig, lookup, phase_of
 from kernels.triton_attention import _device_info, paged_attention
 from kernels.triton_kv import write_kv
@@ -65,11 +65,14 @@ LAYOUT_SHAPES = [
 
 
 def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
-    """Per-layer caches (enough layers to exceed L2, stored as the engine stores them) with
-    random block tables."""
+    """Per-layer caches (enough layers to exceed L2, stored as the engine stores them) through
+    one random block table."""
     hq, hkv, d = SHAPES[shape]
     kv_bytes = 2 * batch * -(-ctx // block) * block * hkv * d * torch.finfo(dtype).bits // 8
-    pools = [_pool(batch, ctx, block, hkv, d, dtype, "cuda") for _ in range(num_layers(kv_bytes))]
+    table = _table(batch, -(-ctx // block), False, "cuda")  # one for every layer, as the engine
+    pools = [
+        _pool(batch, ctx, block, hkv, d, dtype, "cuda", table) for _ in range(num_layers(kv_bytes))
+    ]
     q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
