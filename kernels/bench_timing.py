@@ -53,9 +53,10 @@ def stack_ms(calls, repeats: int = GRAPH_REPEATS) -> tuple[float, float]:
 
     A call's time is what one more call adds to a graph: (the stack `repeats` times over - the
     stack once) / ((repeats - 1) * len(calls)), each call behind the previous one on cold data
-    (the stack is sized past L2). The rest of a replay is the graph's launch, about 14 us on an
-    H200 whatever it holds: a decode step pays it once for all of its kernels, so it is no one
-    kernel's cost, yet spread over a stack of 8 calls it would add ~1.8 us to each.
+    (the stack is sized past L2). The rest of a replay is what the graph pays once, its launch
+    and its first node's start (on an H200, 3.7 us for empty kernels and ~10 us for the stack of
+    8 attention calls at batch 64 x 2K): a decode step pays it once for all of its kernels, so
+    it is no one kernel's cost, yet spread over a stack of 8 calls it added ~1.2 us to each.
     """
     once, many = _graph_ms(calls, 1), _graph_ms(calls, repeats)
     per_call = (many - once) / ((repeats - 1) * len(calls))

@@ -70,9 +70,9 @@ def _tile(
     pos = j * TILE_N + tl.arange(0, TILE_N)
     pos_ok = pos < limit
     blk = blk_next.to(tl.int64)
-    # Masked by the table's width, not the sequence's length: the pipeliner peels the first
-    # iterations' block-id loads into the prologue, where this lets them issue at once instead of
-    # after the length arrives (entries past the length only feed masked K/V loads).
+    # Masked by the table's width, not the sequence's length, so the load waits on nothing but
+    # its address (the pipeliner peels the first iterations' into the prologue, where the length
+    # may not have arrived yet); entries past the length only feed masked K/V loads.
     col_next = (pos + NUM_SPLITS * TILE_N) // BLOCK_SIZE
     blk_next = tl.load(bt_row + col_next, mask=col_next < bt_cols, other=0)
     off = pos % BLOCK_SIZE
