@@ -64,6 +64,15 @@ LAYOUT_SHAPES = [
 ]  # fmt: skip
 
 
+# `--tables`: where the random table costs most (session 7's bench), and a reference shape
+TABLE_SHAPES = [
+    ("smollm2-135m", 8, 32768, 16), ("smollm2-135m", 8, 32768, 64),
+    ("qwen2.5-0.5b", 8, 32768, 16), ("qwen2.5-0.5b", 64, 512, 32),
+    ("smollm2-135m", 64, 2048, 16),
+]  # fmt: skip
+TABLE_RUNS = (1, 8, 64, 512)  # consecutive blocks per run: 1 = a random table
+
+
 def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
     """Per-layer caches (enough layers to exceed L2, stored as the engine stores them) through
     one random block table."""
@@ -119,6 +128,12 @@ def main() -> None:
         help="instead: the shipped config with and without a programmatic dependent launch",
     )
     p.add_argument(
+        "--tables",
+        action="store_true",
+        help="instead: the shipped config through block tables of growing locality (random, "
+        "shuffled runs of consecutive blocks, identity) on TABLE_SHAPES",
+    )
+    p.add_argument(
         "--layout",
         action="store_true",
         help="instead: the shipped config on a token-major cache [block, token, head, dim] "
@@ -134,6 +149,9 @@ def main() -> None:
         return
     if a.layout:
         _layouts(a.out, rows, dtype)
+        return
+    if a.tables:
+        _tables(a.out, rows, dtype)
         return
     for shape, (batch, ctx) in itertools.product(SHAPES, DEEP_SHAPES if a.deep else DECODE):
         case = _pools(shape, batch, ctx, dtype)
@@ -260,6 +278,58 @@ def _layouts(out: Path, rows: list[dict], dtype) -> None:
             f"), read {floor_ms * 1e3:6.1f} us ({per_sm}/SM)"
         )
         del caches
+        torch.cuda.empty_cache()
+        (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1))
+
+
+def _runs_table(batch: int, per_seq: int, run: int, device) -> torch.Tensor:
+    """A block table over `batch * per_seq` blocks made of runs of `run` consecutive block ids
+    in shuffled order: 1 is a random table, `batch * per_seq` the identity."""
+    n = batch * per_seq
+    runs = torch.arange(n, device=device).split(run)
+    order = torch.randperm(len(runs)).tolist()
+    return torch.cat([runs[i] for i in order]).view(batch, per_seq).to(torch.int32)
+
+
+def _tables(out: Path, rows: list[dict], dtype) -> None:
+    """The shipped config on TABLE_SHAPES through tables of growing locality over the same
+    caches (every layer through the same table, as the engine's): random, runs of TABLE_RUNS
+    consecutive blocks shuffled, identity; timed in that order and back. Where the random
+    table's cost comes from: runs as long as a memory page (2 MB) would remove address
+    translation misses, short runs DRAM-row or sector effects."""
+    for shape, batch, ctx, block in TABLE_SHAPES:
+        hq, hkv, d = SHAPES[shape]
+        per_seq = -(-ctx // block)
+        n = batch * per_seq
+        kv_bytes = 2 * n * block * hkv * d * torch.finfo(dtype).bits // 8
+        tables = {f"runs of {r}": _runs_table(batch, per_seq, r, "cuda") for r in TABLE_RUNS}
+        tables["identity"] = _runs_table(batch, per_seq, n, "cuda")
+        layers = num_layers(kv_bytes)
+        pools = [_pool(batch, ctx, block, hkv, d, dtype, "cuda", tables["identity"])
+                 for _ in range(layers)]  # fmt: skip
+        q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        cfg = _shipped(shape, batch)
+        times: dict = {}
+        for name in [*tables, *reversed(tables)]:
+            calls = [
+                functools.partial(paged_attention, q, k, v, tables[name], lens, cu, 1, ctx,
+                                  d**-0.5, None, cfg)
+                for k, v, _ in pools
+            ]  # fmt: skip
+            times.setdefault(name, []).append(per_call_ms(calls))
+        ms = {name: sum(t) / 2 for name, t in times.items()}
+        block_bytes = block * hkv * d * torch.finfo(dtype).bits // 8
+        rows.append({"phase": "tables", "shape": shape, "batch": batch, "ctx": ctx,
+                     "block": block, "block_bytes": block_bytes, "cfg": cfg.__dict__,
+                     "ms": ms, "times": times})  # fmt: skip
+        cells = ", ".join(
+            f"{name} {m / ms['identity'] - 1:+.1%}" for name, m in ms.items() if name != "identity"
+        )
+        print(f"{shape[:5]} {batch:3d} x {ctx:5d} b{block} ({block_bytes} B a block): identity "
+              f"{ms['identity'] * 1e3:6.1f} us; {cells}")  # fmt: skip
+        del pools
         torch.cuda.empty_cache()
         (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1))
 

@@ -71,3 +71,21 @@ def test_plain_read_grid_reads_the_bytes_in_whole_tiles_with_no_idle_program(
         read = 2 * programs * per_program
         assert nbytes <= read < nbytes + 2 * per_program
         assert 2 * (programs - 1) * per_program < nbytes  # the last program has bytes to read
+
+
+@pytest.mark.parametrize("run", [1, 8, 64, 4096])
+def test_runs_table_shuffles_runs_of_consecutive_blocks(run: int) -> None:
+    """`sweep --tables`: a permutation of every block id whose runs of `run` entries are
+    consecutive ids from a multiple of `run`; 1 is a random table, all the blocks the identity."""
+    import torch
+
+    from kernels.sweep import _runs_table
+
+    table = _runs_table(8, 512, run, "cpu")
+    flat = table.flatten()
+    every = torch.arange(8 * 512, dtype=torch.int32)
+    assert table.shape == (8, 512) and table.dtype == torch.int32
+    assert torch.equal(flat.sort().values, every)
+    runs = flat.view(-1, run)
+    assert (runs[:, 0] % run == 0).all() and (runs.diff(dim=1) == 1).all()
+    assert torch.equal(flat, every) == (run == 8 * 512)
