@@ -243,6 +243,9 @@ def main() -> None:
     cases = [
         ("qwen2.5-0.5b", 64, 2048, None), ("qwen2.5-0.5b", 64, 2048, 2),
         ("qwen2.5-0.5b", 64, 2048, 4), ("qwen2.5-0.5b", 64, 2048, 1),
+        # 66 x 2 heads x 3 splits = 396 programs, 3 on every SM of 132 (64 leaves 12 SMs with 2):
+        # whether balancing the SMs (a stream-K decode) would shorten the tail
+        ("qwen2.5-0.5b", 66, 2048, None),
         ("smollm2-135m", 64, 2048, None), ("qwen2.5-0.5b", 64, 8192, None),
         ("qwen2.5-0.5b", 256, 2048, None), ("qwen2.5-0.5b", 1, 512, None),
         ("qwen2.5-0.5b", 8, 2048, None),
