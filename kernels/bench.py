@@ -36,7 +36,7 @@ from kernels.triton_attention import _device_info, paged_attention
 from kernels.triton_splits import choose_num_splits
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
-SPLIT_SCAN = (1, 2, 3, 4, 6, 8, 12, 16)  # forced split counts timed at batch 8 and 64
+SPLIT_SCAN = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # forced split counts timed at batch 8 and 64
 
 
 def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=()) -> dict:
@@ -75,7 +75,8 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     row["ms_one_split"] = per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
-    if choose_num_splits(batch, hkv, ctx, sms) > 1:  # the same splits, merged the other way
+    row["splits_picked"] = choose_num_splits(batch, hkv, ctx, sms)
+    if row["splits_picked"] > 1:  # the same splits, merged the other way
         shipped = lookup(capability, phase_of(True, batch, hkv, sms), d)
         other = replace(shipped, fused_combine=not shipped.fused_combine)
         key = "ms_fused_combine" if other.fused_combine else "ms_combine_kernel"
@@ -258,21 +259,25 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
             f"{r['split_speedup']:.1f}x | {fused} | {pr['ms_sdpa'] * 1e3:.1f} | {flex} | "
             f"{read} |"
         )
+    scan_cols = sorted({int(n) for r in decode for n in r["ms_splits"]}) or list(SPLIT_SCAN)
     lines += [
         "",
         "Forced split counts (block 16; us per call; `*` = the count `choose_num_splits` picks):",
         "",
-        "| shape | batch | ctx | " + " | ".join(str(n) for n in SPLIT_SCAN) + " |",
-        "|---|---|---|" + "---|" * len(SPLIT_SCAN),
+        "| shape | batch | ctx | " + " | ".join(str(n) for n in scan_cols) + " |",
+        "|---|---|---|" + "---|" * len(scan_cols),
     ]
     for r in decode:
         if not r["ms_splits"]:
             continue
-        hkv = SHAPES[r["shape"]][1]
-        picked = choose_num_splits(r["batch"], hkv, r["context"], env["sms"])
-        cells = [
-            f"{ms * 1e3:.1f}{'*' if int(n) == picked else ''}" for n, ms in r["ms_splits"].items()
-        ]
+        picked = r.get("splits_picked")  # older runs: what the policy picks today
+        if picked is None:
+            hkv = SHAPES[r["shape"]][1]
+            picked = choose_num_splits(r["batch"], hkv, r["context"], env["sms"])
+        cells = []
+        for n in scan_cols:
+            ms = r["ms_splits"].get(str(n))
+            cells.append("-" if ms is None else f"{ms * 1e3:.1f}{'*' if n == picked else ''}")
         head = f"| {r['shape']} | {r['batch']} | {r['context']} | "
         lines.append(head + " | ".join(cells) + " |")
     lines += [

@@ -89,3 +89,24 @@ def test_runs_table_shuffles_runs_of_consecutive_blocks(run: int) -> None:
     runs = flat.view(-1, run)
     assert (runs[:, 0] % run == 0).all() and (runs.diff(dim=1) == 1).all()
     assert torch.equal(flat, every) == (run == 8 * 512)
+
+
+def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
+    """Rows of runs that scanned different split counts share one table (`-` where a row has no
+    figure), and the `*` marks the count the run itself picked when the row recorded it."""
+    from kernels.bench import write
+
+    env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
+           "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.5}  # fmt: skip
+    base = {"shape": "qwen2.5-0.5b", "batch": 8, "block": 16, "ms_random": 0.01,
+            "ms_eager": 0.02, "bw_fraction": 0.5, "paging_overhead": 0.0, "split_speedup": 5.0,
+            "bytes": 1e7}  # fmt: skip
+    older = {**base, "context": 2048, "ms_splits": {"1": 0.027, "8": 0.0082}}
+    newer = {**base, "context": 8192, "ms_splits": {"1": 0.1, "8": 0.018, "24": 0.014},
+             "splits_picked": 24}  # fmt: skip
+    peers = [{"shape": "qwen2.5-0.5b", "batch": 8, "context": c, "ms_sdpa": 0.02, "ms_flex": None}
+             for c in (2048, 8192)]  # fmt: skip
+    text = write(tmp_path, env, [older, newer], peers, [])
+    assert "| shape | batch | ctx | 1 | 8 | 24 |" in text
+    assert "| qwen2.5-0.5b | 8 | 2048 | 27.0 | 8.2* | - |" in text  # today's policy: 8
+    assert "| qwen2.5-0.5b | 8 | 8192 | 100.0 | 18.0 | 14.0* |" in text
