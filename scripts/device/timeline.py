@@ -36,10 +36,10 @@ from kernels.triton_attention import _device_info, paged_attention
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "triton_attention.py"
 
-HELPERS = """
 
 @triton.jit
 def _now():
+    """%globaltimer: nanoseconds, the same clock on every SM."""
     return tl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
     )
@@ -52,11 +52,7 @@ def _smid():
     )
 
 
-STAMPS = None
-"""
-
 EDITS = [  # (anchor, replacement): each anchor must occur exactly once
-    ("LOG2E = 1.4426950408889634\n", "LOG2E = 1.4426950408889634\n" + HELPERS),
     (
         "acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr,\n    num_seqs, qk_scale,",
         "acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr, stamp_ptr,\n    num_seqs, qk_scale,",
@@ -99,32 +95,27 @@ def instrumented():
     spec = importlib.util.spec_from_file_location("attn_stamped", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    mod._now, mod._smid, mod.STAMPS = _now, _smid, None  # what the inserted lines call
     return mod
 
 
 @triton.jit
 def _read_stamped(x_ptr, out_ptr, stamp_ptr, per_program, BLOCK: tl.constexpr):
-    t0 = tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
+    """`bench_timing._read_sum` with the same stamps (its loop's end is its end)."""
+    t0 = _now()
     start = tl.program_id(0).to(tl.int64) * per_program
     acc = tl.zeros([BLOCK], tl.float32)
     for i in range(0, per_program, BLOCK):
         acc += tl.load(x_ptr + start + i + tl.arange(0, BLOCK)).to(tl.float32)
     total = tl.sum(acc)
     tl.debug_barrier()
-    t1 = tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
+    t1 = _now()
     tl.store(out_ptr + tl.program_id(0), total)
-    sm = tl.inline_asm_elementwise(
-        "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-    )
     at = stamp_ptr + tl.program_id(0) * 5
     tl.store(at, t0)
     tl.store(at + 1, t1)
     tl.store(at + 2, t1)
-    tl.store(at + 3, sm.to(tl.int64))
+    tl.store(at + 3, _smid().to(tl.int64))
     tl.store(at + 4, 0)
 
 
