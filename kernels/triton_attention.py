@@ -187,26 +187,24 @@ def _attn_fwd(
     v_head = v_ptr + kvh * stride_vh
     # The block ids of a program's next tile are read during its current one, so no K/V address
     # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
-    if BLOCK_Q == 1:  # one query token a program (decode): every tile is masked by length
-        diagonal = split
-    else:
-        # Tiles below the block's first query position are visible to every row whole: no
-        # causal or length mask; the tiles after them (the diagonal) are masked.
-        full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
-        for j in range(split, full, NUM_SPLITS):
+    # Two passes over one tile body: the tiles below the block's first query position, which
+    # every row sees whole (no causal or length mask; prefill only), then the rest, masked.
+    # Decode (one query token a program) has only the masked pass, from its split on.
+    full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
+    for masked in tl.static_range(BLOCK_Q == 1, 2):
+        lo = split
+        hi = full
+        if masked:
+            hi = num_tiles
+            if BLOCK_Q > 1:
+                # this split's first tile from `full` on (the block ids loaded last are its)
+                lo = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+        for j in range(lo, hi, NUM_SPLITS):
             m_i, l_acc, acc, blk_next = _tile(
                 j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
                 d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, False,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,
             )  # fmt: skip
-        # this split's first tile from `full` on (the block ids loaded last are that tile's)
-        diagonal = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
-    for j in range(diagonal, num_tiles, NUM_SPLITS):
-        m_i, l_acc, acc, blk_next = _tile(
-            j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
-            d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-            BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, True,
-        )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)
