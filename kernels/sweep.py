@@ -6,9 +6,9 @@ then forced split counts with the two best configs of each shape (with and witho
 combine), and, with `--prefill`, the prefill configs; it writes the timings and the winners,
 which are copied by hand into `kernels/configs.py` and `choose_num_splits`. Instead, `--deep` times
 DEEP_CONFIGS beside the shipped config, `--pdl` the shipped config with and without a
-programmatic dependent launch, alone and behind `write_kv` as the engine runs it, and `--layout`
+programmatic dependent launch, alone and behind `write_kv` as the engine runs it, `--layout`
 token- against head-major cache storage with random and identity tables, beside a plain read of
-the same bytes.
+the same bytes, and `--tables` tables of growing locality (those three: `kernels.sweep_access`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import torch
 from triton.testing import do_bench
 
 from kernels.bench import SHAPES
-from kernels.bench_timing import _pool, _table, num_layers, per_call_ms, read_floor_ms
+from kernels.bench_timing import _pool, _table, num_layers, per_call_ms
 from kernels.configs import AttentionConfig, lookup, phase_of
 from kernels.triton_attention import _device_info, paged_attention
-from kernels.triton_kv import write_kv
 
 DECODE = [(1, 8192), (8, 2048), (64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 PREFILL = [4096, 16384]
@@ -52,25 +51,6 @@ DEEP_CONFIGS = [
 ]
 DEEP_SPLITS = (1, 2, 3, 4, 6)
 DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
-PDL_SHAPES = [(1, 8192), (64, 512), (64, 2048), (64, 8192), (256, 2048)]
-# `--layout`: (shape, batch, context, block), the shapes whose random-table overhead or bandwidth
-# missed the targets in results/kernels-h200.md, plus two that met them.
-LAYOUT_SHAPES = [
-    ("qwen2.5-0.5b", 64, 2048, 16), ("qwen2.5-0.5b", 64, 2048, 32),
-    ("qwen2.5-0.5b", 1, 32768, 32), ("qwen2.5-0.5b", 8, 32768, 32),
-    ("smollm2-135m", 64, 32768, 16), ("smollm2-135m", 8, 32768, 32),
-    ("smollm2-135m", 1, 32768, 32), ("smollm2-135m", 64, 2048, 16),
-    ("qwen2.5-0.5b", 64, 8192, 16),
-]  # fmt: skip
-
-
-# `--tables`: where the random table costs most (session 7's bench), and a reference shape
-TABLE_SHAPES = [
-    ("smollm2-135m", 8, 32768, 16), ("smollm2-135m", 8, 32768, 64),
-    ("qwen2.5-0.5b", 8, 32768, 16), ("qwen2.5-0.5b", 64, 512, 32),
-    ("smollm2-135m", 64, 2048, 16),
-]  # fmt: skip
-TABLE_RUNS = (1, 8, 64, 512)  # consecutive blocks per run: 1 = a random table
 
 
 def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
@@ -125,33 +105,33 @@ def main() -> None:
     p.add_argument(
         "--pdl",
         action="store_true",
-        help="instead: the shipped config with and without a programmatic dependent launch",
+        help="instead: the shipped config with and without a programmatic dependent launch "
+        "(kernels.sweep_access)",
     )
     p.add_argument(
         "--tables",
         action="store_true",
         help="instead: the shipped config through block tables of growing locality (random, "
-        "shuffled runs of consecutive blocks, identity) on TABLE_SHAPES",
+        "shuffled runs of consecutive blocks, identity; kernels.sweep_access)",
     )
     p.add_argument(
         "--layout",
         action="store_true",
         help="instead: the shipped config on a token-major cache [block, token, head, dim] "
         "against a head-major one [block, head, token, dim], random and identity tables, and a "
-        "plain read of the same bytes",
+        "plain read of the same bytes (kernels.sweep_access)",
     )
     a = p.parse_args()
     dtype = torch.bfloat16
     rows: list[dict] = []
     a.out.mkdir(parents=True, exist_ok=True)
-    if a.pdl:
-        _pdl(a.out, rows, dtype)
-        return
-    if a.layout:
-        _layouts(a.out, rows, dtype)
-        return
-    if a.tables:
-        _tables(a.out, rows, dtype)
+    if a.pdl or a.layout or a.tables:
+        from kernels import sweep_access  # (it builds on this module's pools)
+
+        run = (
+            sweep_access.pdl if a.pdl else sweep_access.layouts if a.layout else sweep_access.tables
+        )
+        run(a.out, rows, dtype)
         return
     for shape, (batch, ctx) in itertools.product(SHAPES, DEEP_SHAPES if a.deep else DECODE):
         case = _pools(shape, batch, ctx, dtype)
@@ -180,158 +160,6 @@ def main() -> None:
     if a.prefill:
         _prefill(rows, dtype)
     print(json.dumps(_write(a.out, rows), indent=1))
-
-
-def _pdl(out: Path, rows: list[dict], dtype, block: int = 16) -> None:
-    """The shipped decode config with and without `pdl`, on PDL_SHAPES: alone (a stack of
-    attention calls, as `kernels.bench` times them) and behind the `write_kv` of each sequence's
-    newest token, as a layer of the engine runs them; attention's own time there is the pair's
-    time less a stack of the writes alone (a programmatic launch only overlaps the kernel just
-    before it, which in the engine is that write, not another attention)."""
-    for shape, (batch, ctx) in itertools.product(SHAPES, PDL_SHAPES):
-        q, pools, lens, cu, scale = _pools(shape, batch, ctx, dtype, block)
-        _, hkv, d = SHAPES[shape]
-        last = lens.long() - 1
-        new = torch.randn(2, batch, hkv, d, dtype=dtype, device="cuda")
-        slots = [
-            t.long().gather(1, (last // block)[:, None])[:, 0] * block + last % block
-            for _, _, t in pools
-        ]
-        for pdl in (False, True):
-            cfg = replace(_shipped(shape, batch), pdl=pdl)
-            writes = [
-                functools.partial(write_kv, new[0], new[1], k, v, at, release_dependents=pdl)
-                for (k, v, _), at in zip(pools, slots, strict=True)
-            ]
-            write_ms = per_call_ms(writes)
-            attn = [
-                functools.partial(paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, None, cfg)
-                for k, v, t in pools
-            ]
-            pairs = [call for pair in zip(writes, attn, strict=True) for call in pair]
-            rows.append(
-                {"phase": "pdl", "shape": shape, "batch": batch, "ctx": ctx, "cfg": cfg.__dict__,
-                 "splits": "policy", "ms": per_call_ms(attn), "ms_write_kv": write_ms,
-                 "ms_after_write_kv": 2 * per_call_ms(pairs) - write_ms}
-            )  # fmt: skip
-            r = rows[-1]
-            print(f"{shape[:5]} {batch:4d} x {ctx:5d} pdl={pdl!s:5}: alone "
-                  f"{r['ms'] * 1e3:6.1f} us, after write_kv {r['ms_after_write_kv'] * 1e3:6.1f} "
-                  f"us (write_kv {write_ms * 1e3:.1f} us)")  # fmt: skip
-        torch.cuda.empty_cache()
-        (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1))
-
-
-def _layouts(out: Path, rows: list[dict], dtype) -> None:
-    """The shipped config on LAYOUT_SHAPES over two cache layouts, each with a random and an
-    identity block table over the same caches: "token" (the engine's `[block, token, head,
-    dim]`: a program reads `dim` elements every `heads * dim`) and "head" (`[block, head,
-    token, dim]` seen through a permuted view: one contiguous run of `block * dim` per block),
-    timed token r/i, head r/i, head i/r, token i/r; and a plain read of the same bytes."""
-    for shape, batch, ctx, block in LAYOUT_SHAPES:
-        hq, hkv, d = SHAPES[shape]
-        per_seq = -(-ctx // block)
-        n = batch * per_seq
-        kv_bytes = 2 * n * block * hkv * d * torch.finfo(dtype).bits // 8
-        layers = num_layers(kv_bytes)
-        tables = {
-            "random": torch.randperm(n, device="cuda").view(batch, per_seq).int(),
-            "identity": torch.arange(n, device="cuda").view(batch, per_seq).int(),
-        }
-        caches = {
-            "token": [
-                [torch.randn(n, block, hkv, d, dtype=dtype, device="cuda") for _ in "kv"]
-                for _ in range(layers)
-            ],
-            "head": [
-                [
-                    torch.randn(n, hkv, block, d, dtype=dtype, device="cuda").transpose(1, 2)
-                    for _ in "kv"
-                ]
-                for _ in range(layers)
-            ],
-        }
-        q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-        cfg = _shipped(shape, batch)
-        order = [("token", "random"), ("token", "identity"), ("head", "random"),
-                 ("head", "identity")]  # fmt: skip
-        times: dict = {}
-        for layout, table in order + order[::-1]:
-            calls = [
-                functools.partial(paged_attention, q, k, v, tables[table], lens, cu, 1, ctx,
-                                  d**-0.5, None, cfg)
-                for k, v in caches[layout]
-            ]  # fmt: skip
-            times.setdefault((layout, table), []).append(per_call_ms(calls))
-        ms = {f"{lay}_{tab}": sum(t) / 2 for (lay, tab), t in times.items()}
-        floor_ms, per_sm = read_floor_ms(kv_bytes, torch.device("cuda"))
-        row = {"phase": "layout", "shape": shape, "batch": batch, "ctx": ctx, "block": block,
-               "layers": layers, "bytes": kv_bytes, "cfg": cfg.__dict__, **ms,
-               "read_floor_ms": floor_ms, "read_floor_programs_per_sm": per_sm}  # fmt: skip
-        rows.append(row)
-        print(
-            f"{shape[:5]} {batch:3d} x {ctx:5d} b{block}: token {ms['token_random'] * 1e3:6.1f} "
-            f"us ({ms['token_random'] / ms['token_identity'] - 1:+.1%} random), head "
-            f"{ms['head_random'] * 1e3:6.1f} us ({ms['head_random'] / ms['head_identity'] - 1:+.1%}"
-            f"), read {floor_ms * 1e3:6.1f} us ({per_sm}/SM)"
-        )
-        del caches
-        torch.cuda.empty_cache()
-        (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1))
-
-
-def _runs_table(batch: int, per_seq: int, run: int, device) -> torch.Tensor:
-    """A block table over `batch * per_seq` blocks made of runs of `run` consecutive block ids
-    in shuffled order: 1 is a random table, `batch * per_seq` the identity."""
-    n = batch * per_seq
-    runs = torch.arange(n, device=device).split(run)
-    order = torch.randperm(len(runs)).tolist()
-    return torch.cat([runs[i] for i in order]).view(batch, per_seq).to(torch.int32)
-
-
-def _tables(out: Path, rows: list[dict], dtype) -> None:
-    """The shipped config on TABLE_SHAPES through tables of growing locality over the same
-    caches (every layer through the same table, as the engine's): random, runs of TABLE_RUNS
-    consecutive blocks shuffled, identity; timed in that order and back. Where the random
-    table's cost comes from: runs as long as a memory page (2 MB) would remove address
-    translation misses, short runs DRAM-row or sector effects."""
-    for shape, batch, ctx, block in TABLE_SHAPES:
-        hq, hkv, d = SHAPES[shape]
-        per_seq = -(-ctx // block)
-        n = batch * per_seq
-        kv_bytes = 2 * n * block * hkv * d * torch.finfo(dtype).bits // 8
-        tables = {f"runs of {r}": _runs_table(batch, per_seq, r, "cuda") for r in TABLE_RUNS}
-        tables["identity"] = _runs_table(batch, per_seq, n, "cuda")
-        layers = num_layers(kv_bytes)
-        pools = [_pool(batch, ctx, block, hkv, d, dtype, "cuda", tables["identity"])
-                 for _ in range(layers)]  # fmt: skip
-        q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-        cfg = _shipped(shape, batch)
-        times: dict = {}
-        for name in [*tables, *reversed(tables)]:
-            calls = [
-                functools.partial(paged_attention, q, k, v, tables[name], lens, cu, 1, ctx,
-                                  d**-0.5, None, cfg)
-                for k, v, _ in pools
-            ]  # fmt: skip
-            times.setdefault(name, []).append(per_call_ms(calls))
-        ms = {name: sum(t) / 2 for name, t in times.items()}
-        block_bytes = block * hkv * d * torch.finfo(dtype).bits // 8
-        rows.append({"phase": "tables", "shape": shape, "batch": batch, "ctx": ctx,
-                     "block": block, "block_bytes": block_bytes, "cfg": cfg.__dict__,
-                     "ms": ms, "times": times})  # fmt: skip
-        cells = ", ".join(
-            f"{name} {m / ms['identity'] - 1:+.1%}" for name, m in ms.items() if name != "identity"
-        )
-        print(f"{shape[:5]} {batch:3d} x {ctx:5d} b{block} ({block_bytes} B a block): identity "
-              f"{ms['identity'] * 1e3:6.1f} us; {cells}")  # fmt: skip
-        del pools
-        torch.cuda.empty_cache()
-        (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1))
 
 
 def _write(out: Path, rows: list[dict]) -> dict:

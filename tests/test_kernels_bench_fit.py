@@ -79,9 +79,9 @@ def test_runs_table_shuffles_runs_of_consecutive_blocks(run: int) -> None:
     consecutive ids from a multiple of `run`; 1 is a random table, all the blocks the identity."""
     import torch
 
-    from kernels.sweep import _runs_table
+    from kernels.sweep_access import runs_table
 
-    table = _runs_table(8, 512, run, "cpu")
+    table = runs_table(8, 512, run, "cpu")
     flat = table.flatten()
     every = torch.arange(8 * 512, dtype=torch.int32)
     assert table.shape == (8, 512) and table.dtype == torch.int32
