@@ -33,9 +33,6 @@ class AttentionConfig:
             engine's `write_kv`) runs and read the tables and lengths, then wait for it. Off in
             every shipped config: on the H200 it hid 0.4-0.6 us on short calls and cost 2.5-3.7
             us behind `write_kv` at batch 64 x 8K (results/kernels-layout-h200.md).
-        split_warps: decode gives each warp its own slice of every KV tile (`tile_n //
-            num_warps` positions, at least 16) with a softmax state of its own, merged across
-            warps once after the loop (see `triton_attention._decode_warps`).
     """
 
     block_m: int
@@ -45,7 +42,6 @@ class AttentionConfig:
     min_rows: int = 16
     fused_combine: bool = False
     pdl: bool = False
-    split_warps: bool = False
 
 
 # Decode grids of more (sequence, KV head) programs per SM than this use "decode_wide".

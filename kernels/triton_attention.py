@@ -110,51 +110,6 @@ def _tile(
 
 
 @triton.jit
-def _decode_warps(
-    split, num_tiles, limit, q, blk_first, bt_row, bt_cols, k_head, v_head, d, d_ok, qk_scale,
-    stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, WARPS: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """A decode program's KV loop with each warp on its own slice of every tile (`TILE_N //
-    WARPS` positions): batched dots whose batch axis is the warps, so the running max, the row
-    sums and the probabilities' way into the second dot stay within a warp; the warps' softmax
-    states merge once, after the loop. Returns (max, row sum, accumulator) of the program."""
-    NW: tl.constexpr = TILE_N // WARPS
-    pos0 = tl.arange(0, WARPS)[:, None] * NW + tl.arange(0, NW)[None, :]  # [WARPS, NW]
-    q3 = tl.broadcast_to(q[None, :, :], (WARPS, BLOCK_M, D_PAD))
-    m3 = tl.full([WARPS, BLOCK_M], float("-inf"), tl.float32)
-    l3 = tl.zeros([WARPS, BLOCK_M], tl.float32)
-    acc3 = tl.zeros([WARPS, BLOCK_M, D_PAD], tl.float32)
-    blk_next = blk_first
-    for j in range(split, num_tiles, NUM_SPLITS):
-        pos = j * TILE_N + pos0
-        pos_ok = pos < limit
-        blk = blk_next.to(tl.int64)
-        col_next = (pos + NUM_SPLITS * TILE_N) // BLOCK_SIZE
-        blk_next = tl.load(bt_row + col_next, mask=col_next < bt_cols, other=0)
-        off = pos % BLOCK_SIZE
-        row = blk * stride_kb + off * stride_ko
-        k_off = row[:, None, :] + d[None, :, None] * stride_kd
-        k = tl.load(k_head + k_off, mask=d_ok[None, :, None] & pos_ok[:, None, :], other=0.0)
-        s = tl.dot(q3, k, input_precision=DOT_PREC) * qk_scale  # [WARPS, BLOCK_M, NW]
-        s = tl.where(pos_ok[:, None, :], s, float("-inf"))
-        m_new = tl.maximum(m3, tl.max(s, 2))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no key yet
-        alpha = tl.exp2(m3 - m_safe)
-        p = tl.exp2(s - m_safe[:, :, None])
-        l3 = l3 * alpha + tl.sum(p, 2)
-        vrow = blk * stride_vb + off * stride_vo
-        v_off = vrow[:, :, None] + d[None, None, :] * stride_vd
-        v = tl.load(v_head + v_off, mask=pos_ok[:, :, None] & d_ok[None, None, :], other=0.0)
-        acc3 = acc3 * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m3 = m_new
-    m_i = tl.max(m3, 0)
-    w = tl.exp2(m3 - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-    return m_i, tl.sum(l3 * w, 0), tl.sum(acc3 * w[:, :, None], 0)
-
-
-@triton.jit
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, counter_ptr,
@@ -166,7 +121,6 @@ def _attn_fwd(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
     DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,
-    WARPS: tl.constexpr = 0,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -176,11 +130,7 @@ def _attn_fwd(
     # first tile is known before the sequence's length: its block ids load alongside the
     # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    if WARPS > 0:  # [warp, position in its slice], as `_decode_warps` walks a tile
-        slices = tl.arange(0, WARPS)[:, None] * (TILE_N // WARPS)
-        first = (split * TILE_N + slices + tl.arange(0, TILE_N // WARPS)[None, :]) // BLOCK_SIZE
-    else:
-        first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
     blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
@@ -241,7 +191,7 @@ def _attn_fwd(
     # every row sees whole (no causal or length mask; prefill only), then the rest, masked.
     # Decode (one query token a program) has only the masked pass, from its split on.
     full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
-    for masked in tl.static_range(BLOCK_Q == 1 or WARPS > 0, 2 - (WARPS > 0)):
+    for masked in tl.static_range(BLOCK_Q == 1, 2):
         lo = split
         hi = full
         if masked:
@@ -255,16 +205,9 @@ def _attn_fwd(
                 d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
                 BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,
             )  # fmt: skip
-    if WARPS > 0:
-        m_i, l_i, acc = _decode_warps(
-            split, num_tiles, limit, q, blk_next, bt_row, bt_cols, k_head, v_head, d, d_ok,
-            qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-            BLOCK_SIZE, BLOCK_M, D_PAD, TILE_N, NUM_SPLITS, WARPS, DOT_PREC,
-        )  # fmt: skip
-    else:
-        l_i = tl.sum(l_acc, 1)
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
+    l_i = tl.sum(l_acc, 1)
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
@@ -377,8 +320,6 @@ def paged_attention(
     grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     fused = splits > 1 and cfg.fused_combine
     pdl = cfg.pdl and decode and pdl_capable(capability)
-    warps = cfg.num_warps if decode and cfg.split_warps else 0
-    assert not warps or cfg.tile_n // warps >= 16, "split_warps needs 16 positions a warp"
     if splits > 1:
         ws = (grid0, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
@@ -393,7 +334,7 @@ def paged_attention(
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
-        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl, WARPS=warps,
+        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,
         launch_pdl=pdl,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
