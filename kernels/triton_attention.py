@@ -214,11 +214,17 @@ def _attn_fwd(
         o_mask = row_ok[:, None] & d_ok[None, :]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
-        # one partial per (query-block program, KV head, split): decode programs are sequences
+        # One partial per (query-block program, KV head, split): decode programs are sequences.
+        # Its output rows are stored normalised, in the output's dtype (bounded by the values'
+        # magnitude, so no overflow), and only the rows that are queries: a decode partial is
+        # GROUP rows of the BLOCK_M the dots pad to.
         ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
-        tl.store(m_ws_ptr + ws + rows, m_i)
-        tl.store(l_ws_ptr + ws + rows, l_i)
-        tl.store(acc_ws_ptr + (ws + rows)[:, None] * D_PAD + d[None, :], acc)
+        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)
+        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)
+        part = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        part_off = (ws + rows)[:, None] * HEAD_DIM + d[None, :]
+        part_ok = row_ok[:, None] & d_ok[None, :]
+        tl.store(acc_ws_ptr + part_off, part.to(acc_ws_ptr.dtype.element_ty), mask=part_ok)
         if FUSED_COMBINE:
             # The last split of this (sequence, KV head) to finish merges all of them, so no
             # second launch: every thread's stores are issued (barrier), then one acq_rel atomic
@@ -322,7 +328,7 @@ def paged_attention(
     pdl = cfg.pdl and decode and pdl_capable(capability)
     if splits > 1:
         ws = (grid0, num_kv_heads, splits, block_m)
-        acc_ws = torch.empty((*ws, d_pad), dtype=torch.float32, device=q.device)
+        acc_ws = torch.empty((*ws, head_dim), dtype=q.dtype, device=q.device)
         m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
         l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
     else:

@@ -1,7 +1,8 @@
 """Split-KV (flash-decoding) pieces of the Triton paged attention: how many splits a decode batch
 gets, the arrival counters of the fused combine, and the merge of the splits' partial softmax
-states (each split program stores its running max, sum and unnormalised accumulator; the merge
-rescales them to a common max and divides once). Used by `kernels.triton_attention`.
+states (each split program stores its running max, its row sums and its output normalised by
+them; the merge weights the outputs by their sums rescaled to a common max and divides once).
+Used by `kernels.triton_attention`.
 """
 
 from __future__ import annotations
@@ -18,24 +19,24 @@ UNROLL_MERGE_ROWS = tl.constexpr(512)  # merges of at most this many partial row
 
 @triton.jit
 def _merge_one(
-    m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, at, s, active,
-    D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, at, s, active, row_ok,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    """Fold split `s`'s partial state (rows `at ...` of the workspace; nothing if `s >= active`)
-    into the running (max, sum, accumulator) of an online softmax."""
+    """Fold split `s`'s partial (rows `at ...` of the workspace: running max, row sum and the
+    normalised output; nothing if `s >= active`) into a running (max, sum, sum-weighted output)."""
     rows = at + tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
-    live_rows = tl.full([BLOCK_M], s, tl.int32) < active
+    live_rows = (tl.full([BLOCK_M], s, tl.int32) < active) & row_ok
     m_s = tl.load(m_ws_ptr + rows, mask=live_rows, other=float("-inf"), cache_modifier=".cg")
     l_s = tl.load(l_ws_ptr + rows, mask=live_rows, other=0.0, cache_modifier=".cg")
-    part_ok = live_rows[:, None] & (d < D_PAD)[None, :]
-    part_at = acc_ws_ptr + rows[:, None] * D_PAD + d[None, :]
-    part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
+    part_ok = live_rows[:, None] & (d < HEAD_DIM)[None, :]
+    part_at = acc_ws_ptr + rows[:, None] * HEAD_DIM + d[None, :]
+    part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     m_new = tl.maximum(m_run, m_s)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     w_run = tl.exp2(m_run - m_safe)
-    w_s = tl.exp2(m_s - m_safe)
-    return m_new, total * w_run + l_s * w_s, acc * w_run[:, None] + part * w_s[:, None]
+    w_s = tl.exp2(m_s - m_safe) * l_s
+    return m_new, total * w_run + w_s, acc * w_run[:, None] + part * w_s[:, None]
 
 
 @triton.jit
@@ -50,6 +51,9 @@ def _merge_splits(
     at L2 (`.cg`): in the fused path other programs wrote them during this launch."""
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
+    tok = qb_start + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     base = (pid.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
@@ -58,18 +62,15 @@ def _merge_splits(
         for s in tl.static_range(NUM_SPLITS):
             m_run, total, acc = _merge_one(
                 m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
-                D_PAD, BLOCK_M,
+                row_ok, HEAD_DIM, D_PAD, BLOCK_M,
             )  # fmt: skip
     else:  # prefill query blocks: 16 unrolled partials of 128 rows spill (255 registers)
         for s in range(NUM_SPLITS):
             m_run, total, acc = _merge_one(
                 m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
-                D_PAD, BLOCK_M,
+                row_ok, HEAD_DIM, D_PAD, BLOCK_M,
             )  # fmt: skip
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    tok = qb_start + rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     o_rows = (q_begin + tok).to(tl.int64)
     o_off = o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
     mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]

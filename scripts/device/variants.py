@@ -1,0 +1,130 @@
+"""What each part of a decode call costs: `python3 scripts/device/variants.py [OUT.txt]`.
+
+Times kernels/triton_attention.py against copies of it with one part removed or changed (made here
+by textual edits, as `timeline.py` makes its instrumented copy; the shipped kernel is untouched),
+in the layer-stack CUDA graphs the benches time, through an identity block table (so a copy that
+computes its block ids instead of reading them reads the same bytes). Order shipped, copies...,
+copies reversed, shipped; means of two. Copies that drop work give wrong outputs: they say what
+that work costs, nothing more. Each line gives the largest difference from the shipped output.
+
+  arith_table   block ids computed (sequence i owns blocks i * width ...), never read from the
+                table: what the table's loads and their round trip before the first K/V load cost
+  no_merge      the fused combine's atomic and merge dropped (partials stored only)
+  no_epilogue   every split stores its output straight to `out` (no partials, no merge)
+
+(A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
+split stored its partial, then read its counter with acquire; one that found every other split
+arrived merged at once from its registers and their partials, the others published as before. It
+was 0-5% slower everywhere it split: results/kernels-variants-h200.txt.)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+import sys
+import tempfile
+
+import torch
+
+import kernels.sweep as sw
+from kernels.bench_timing import _pool, _table, num_layers, per_call_ms
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "triton_attention.py"
+
+VARIANTS = {
+    "arith_table": [
+        (
+            "bt_row = bt_ptr + seq.to(tl.int64) * stride_bt",
+            "bt_row = seq.to(tl.int64) * bt_cols",
+        ),
+        (
+            "blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)",
+            "blk_next = (bt_row + first).to(tl.int32)",
+        ),
+        (
+            "blk_next = tl.load(bt_row + col_next, mask=col_next < bt_cols, other=0)",
+            "blk_next = (bt_row + col_next).to(tl.int32)",
+        ),
+    ],
+    "no_merge": [("        if FUSED_COMBINE:\n", "        if FUSED_COMBINE and NUM_SPLITS < 0:\n")],
+    "no_epilogue": [
+        ("    if NUM_SPLITS == 1:\n        out = acc", "    if True:\n        out = acc"),
+    ],
+}
+
+CASES = [  # (shape, batch, context)
+    ("qwen2.5-0.5b", 64, 2048),
+    ("qwen2.5-0.5b", 64, 8192),
+    ("qwen2.5-0.5b", 8, 2048),
+    ("qwen2.5-0.5b", 1, 8192),
+    ("qwen2.5-0.5b", 256, 2048),
+    ("smollm2-135m", 64, 2048),
+    ("smollm2-135m", 8, 32768),
+]
+
+
+def variant(name: str):
+    text = SRC.read_text()
+    for anchor, new in VARIANTS[name]:
+        assert text.count(anchor) == 1, f"{name}: anchor not unique in {SRC.name}: {anchor!r}"
+        text = text.replace(anchor, new)
+    path = pathlib.Path(tempfile.mkdtemp()) / f"attn_{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"attn_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    import kernels.triton_attention as shipped
+
+    names = sys.argv[2:] or list(VARIANTS)
+    mods = {"shipped": shipped} | {n: variant(n) for n in names}
+    lines = []
+    for shape, batch, ctx in CASES:
+        hq, hkv, d = sw.SHAPES[shape]
+        dtype = torch.bfloat16
+        per_seq = -(-ctx // 16)
+        table = _table(batch, per_seq, True, "cuda")
+        kv_bytes = 2 * batch * per_seq * 16 * hkv * d * 2
+        pools = [
+            _pool(batch, ctx, 16, hkv, d, dtype, "cuda", table) for _ in range(num_layers(kv_bytes))
+        ]
+        q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        cfg = sw._shipped(shape, batch)
+        stacks = {
+            n: [
+                functools.partial(
+                    m.paged_attention, q, k, v, t, lens, cu, 1, ctx, d**-0.5, None, cfg
+                )
+                for k, v, t in pools
+            ]
+            for n, m in mods.items()
+        }
+        ref = stacks["shipped"][0]().float()
+        diffs = {n: (s[0]().float() - ref).abs().max().item() for n, s in stacks.items()}
+        order = list(mods) + list(mods)[::-1]
+        times: dict[str, list[float]] = {n: [] for n in mods}
+        for n in order:
+            times[n].append(per_call_ms(stacks[n]) * 1e3)
+        base = sum(times["shipped"]) / 2
+        cells = []
+        for n in mods:
+            us = sum(times[n]) / 2
+            cells.append(f"{n} {us:6.2f} ({us / base:.3f}, diff {diffs[n]:.1e})")
+        line = f"{shape[:5]} {batch:3d} x {ctx:5d}: " + "  ".join(cells)
+        print(line, flush=True)
+        lines.append(line)
+        del pools, stacks, q
+        torch.cuda.empty_cache()
+    if len(sys.argv) > 1:
+        pathlib.Path(sys.argv[1]).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
