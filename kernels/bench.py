@@ -75,9 +75,9 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     row["ms_one_split"] = per_call_ms(calls(False, 1))
     row["ms_eager"] = _ms(calls(False)[0])
     capability, sms = _device_info(device)
-    row["splits_picked"] = choose_num_splits(batch, hkv, ctx, sms)
+    shipped = lookup(capability, phase_of(True, batch, hkv, sms), d)
+    row["splits_picked"] = choose_num_splits(batch, hkv, ctx, sms, shipped.tile_n)
     if row["splits_picked"] > 1:  # the same splits, merged the other way
-        shipped = lookup(capability, phase_of(True, batch, hkv, sms), d)
         other = replace(shipped, fused_combine=not shipped.fused_combine)
         key = "ms_fused_combine" if other.fused_combine else "ms_combine_kernel"
         row[key] = per_call_ms(calls(False, None, other))
@@ -270,10 +270,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
     for r in decode:
         if not r["ms_splits"]:
             continue
-        picked = r.get("splits_picked")  # older runs: what the policy picks today
-        if picked is None:
-            hkv = SHAPES[r["shape"]][1]
-            picked = choose_num_splits(r["batch"], hkv, r["context"], env["sms"])
+        picked = r.get("splits_picked")  # (older runs did not record it: no mark)
         cells = []
         for n in scan_cols:
             ms = r["ms_splits"].get(str(n))

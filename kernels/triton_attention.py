@@ -319,7 +319,9 @@ def paged_attention(
     block_q, block_m = tile_shape(group, decode, cfg)
     one_qblock = max_seqlen_q <= block_q
     if decode:
-        splits = num_splits or choose_num_splits(num_seqs, num_kv_heads, max_seqlen_k, num_sms)
+        splits = num_splits or choose_num_splits(
+            num_seqs, num_kv_heads, max_seqlen_k, num_sms, cfg.tile_n
+        )
     else:  # prefill programs split only when asked (a graph of few sequences and long contexts)
         splits = num_splits or 1
     d_pad = max(16, triton.next_power_of_2(head_dim))

@@ -13,7 +13,8 @@ import triton.language as tl
 from torch import Tensor
 
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
-MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in partials than it saves
+PROGRAMS_PER_SM = 3  # a decode grid fills the SMs up to this many programs each
+MIN_TILES_PER_SPLIT = 4  # once programs outnumber SMs, a split streams at least this many tiles
 UNROLL_MERGE_ROWS = tl.constexpr(512)  # merges of at most this many partial rows are unrolled
 
 
@@ -103,12 +104,21 @@ def _split_counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
-    """KV splits per sequence for a decode batch: enough programs for ~2 waves of the SMs.
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int, tile_n: int
+) -> int:
+    """KV splits per sequence for a decode batch (flash-decoding) of `tile_n`-position tiles.
+
+    As many as fill the SMs with up to PROGRAMS_PER_SM (sequence, KV head, split) programs each,
+    with no split shorter than one tile; and once the programs outnumber the SMs, none with fewer
+    than MIN_TILES_PER_SPLIT tiles, since a split's fixed cost (its start, its partial, the
+    merge) needs that much streaming behind it. On the H200 this picks, within 2%, the fastest
+    forced count of every batch-1, 8 and 64 shape timed (results/kernels-splits-h200.md).
 
     Depends only on host integers (never on tensor values), so a CUDA graph captured for a batch
     bucket with the bucket's largest `max_seqlen_k` keeps one fixed grid.
     """
-    wanted = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
-    useful = -(-max_seqlen_k // MIN_SPLIT_TOKENS)
-    return max(1, min(wanted, useful, MAX_SPLITS))
+    pairs = max(1, num_seqs * num_kv_heads)
+    tiles = -(-max_seqlen_k // tile_n)
+    most = min(MAX_SPLITS, tiles, PROGRAMS_PER_SM * num_sms // pairs)
+    return max(1, min(most, max(num_sms // pairs, tiles // MIN_TILES_PER_SPLIT)))

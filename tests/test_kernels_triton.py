@@ -243,8 +243,9 @@ def test_interp_sequences_without_queries_write_nothing(splits: int | None, fuse
 @interp
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_interp_decode_fp16_auto_splits(block_size: int) -> None:
-    batch = make_batch(decodes(block_size), block_size, (14, 2), dtype=torch.float16)
-    assert ta.choose_num_splits(6, 2, 300, 8) == 2  # the interpreter's stand-in SM count
+    rows = [(1, block_size - 1), (1, 300)]
+    batch = make_batch(rows, block_size, (14, 2), dtype=torch.float16)
+    assert ta.choose_num_splits(2, 2, 300, 8, 64) == 2  # the interpreter's SM count and tile
     batch.check()
 
 
@@ -499,11 +500,18 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
 
 @compiled
 def test_split_count_follows_sms_batch_and_context() -> None:
-    assert ta.choose_num_splits(1, 2, 8192, 132) == splits_mod.MAX_SPLITS
-    assert ta.choose_num_splits(1, 2, 600, 132) == 3  # no split shorter than MIN_SPLIT_TOKENS
-    assert ta.choose_num_splits(32, 2, 4096, 132) == 5  # ceil(264 / 64)
-    assert ta.choose_num_splits(256, 2, 32768, 132) == 1
-    assert ta.choose_num_splits(1, 3, 100, 40) == 1
+    assert ta.choose_num_splits(1, 2, 8192, 132, 64) == splits_mod.MAX_SPLITS
+    assert ta.choose_num_splits(1, 2, 600, 132, 64) == 10  # no split without a whole tile
+    assert ta.choose_num_splits(1, 3, 100, 40, 64) == 2
+    # up to 3 programs an SM: 64 pairs -> 6 splits (4096 positions leave 16 tiles each)
+    assert ta.choose_num_splits(32, 2, 4096, 132, 64) == 6
+    assert ta.choose_num_splits(64, 2, 2048, 132, 64) == 3  # 384 programs
+    assert ta.choose_num_splits(64, 3, 2048, 132, 64) == 2  # 384 programs
+    # more programs than SMs: at least 4 tiles a split (32 tiles), else only as many as SMs
+    assert ta.choose_num_splits(8, 2, 2048, 132, 64) == 8
+    assert ta.choose_num_splits(8, 2, 512, 132, 64) == 8  # 128 programs: one tile each
+    assert ta.choose_num_splits(8, 2, 32768, 132, 64) == 24
+    assert ta.choose_num_splits(256, 2, 32768, 132, 64) == 1
 
 
 @compiled

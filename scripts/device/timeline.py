@@ -185,7 +185,7 @@ def attention_case(mod, shape, batch, ctx, splits):
     cfg = dataclasses.replace(sw._shipped(shape, batch), **OVERRIDE)
     sms = _device_info(q.device)[1]
     hkv = sw.SHAPES[shape][1]
-    n_split = splits or mod.choose_num_splits(batch, hkv, ctx, sms)
+    n_split = splits or mod.choose_num_splits(batch, hkv, ctx, sms, cfg.tile_n)
     n = batch * hkv * n_split
     stamps = [torch.zeros(n, 5, dtype=torch.int64, device="cuda") for _ in pools]
 
