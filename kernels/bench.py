@@ -204,7 +204,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
     runs = env.get("runs", [env])
     copy = " and ".join(f"{r['copy_bandwidth_GBps']:.0f}" for r in runs)
     split_runs = (
-        f" (in {len(runs)} runs, one per shape: each row's % uses its own run's copy bandwidth)"
+        f" (in {len(runs)} runs: each row's % uses its own run's copy bandwidth)"
         if len(runs) > 1
         else ""
     )
@@ -221,6 +221,11 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         f"{env['torch']}, triton {env['triton']}; an empty kernel costs "
         f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph{launch}",
         "",
+    ]
+    notes = [r["note"] for r in runs if r.get("note")]  # set by hand: which commit each run timed
+    if notes:
+        lines += ["Runs: " + "; ".join(notes) + ".", ""]
+    lines += [
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
         "(as a decode step replays them; `layers` in the JSON; where `shared_table` is in the "
         "JSON, through one block table, as the engine's layers share one): what one more call "
@@ -351,6 +356,7 @@ def main() -> None:
         ([1, 64], [2048, 8192]) if a.quick else ([1, 8, 64, 256], [512, 2048, 8192, 32768])
     )
     batches, contexts = a.batches or batches, a.contexts or contexts
+    env.update(batches=batches, contexts=contexts)
     decode, peer_rows = [], []
     for shape in a.shapes:
         for batch in batches:
