@@ -1,4 +1,6 @@
-"""What each part of a decode call costs: `python3 scripts/device/variants.py [OUT.txt]`.
+"""What each part of a decode call costs: `python3 scripts/device/variants.py [OUT.txt [NAME ...]
+[FIELD=N ...] [splits=N]]` (the named copies only; config fields and a forced split count for every
+kernel timed, the shipped one included).
 
 Times kernels/triton_attention.py against copies of it with one part removed or changed (made here
 by textual edits, as `timeline.py` makes its instrumented copy; the shipped kernel is untouched),
@@ -15,11 +17,15 @@ that work costs, nothing more. Each line gives the largest difference from the s
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
 split stored its partial, then read its counter with acquire; one that found every other split
 arrived merged at once from its registers and their partials, the others published as before. It
-was 0-5% slower everywhere it split: results/kernels-variants-h200.txt.)
+was 0-5% slower everywhere it split: results/kernels-variants-h200.txt. A fifth, block ids read
+two of a split's tiles ahead instead of one, was dropped before it ran: with that second-order
+loop-carried chain Triton 3.6's pipeliner gives up on cp.async (no LDGSTS in the sm_90 loop, K/V
+loaded straight to registers), so it would have timed the pipeliner's absence, not the lookahead.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import pathlib
@@ -81,7 +87,11 @@ def variant(name: str):
 def main() -> None:
     import kernels.triton_attention as shipped
 
-    names = sys.argv[2:] or list(VARIANTS)
+    args = sys.argv[2:]
+    names = [a for a in args if "=" not in a] or list(VARIANTS)
+    # FIELD=N: an AttentionConfig field for every kernel timed; splits=N forces the split count
+    override = {k: int(v) for k, v in (a.split("=") for a in args if "=" in a)}
+    splits = override.pop("splits", None)
     mods = {"shipped": shipped} | {n: variant(n) for n in names}
     lines = []
     for shape, batch, ctx in CASES:
@@ -96,11 +106,11 @@ def main() -> None:
         q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-        cfg = sw._shipped(shape, batch)
+        cfg = dataclasses.replace(sw._shipped(shape, batch), **override)
         stacks = {
             n: [
                 functools.partial(
-                    m.paged_attention, q, k, v, t, lens, cu, 1, ctx, d**-0.5, None, cfg
+                    m.paged_attention, q, k, v, t, lens, cu, 1, ctx, d**-0.5, splits, cfg
                 )
                 for k, v, t in pools
             ]
