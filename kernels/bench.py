@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 from dataclasses import replace
@@ -191,6 +192,17 @@ def _spread(row: dict) -> str:
     return f" ({min(pairs):+.1%}..{max(pairs):+.1%})" if pairs else ""
 
 
+def _run_note(env: dict) -> str:
+    """What one run timed and at which commit (`PAGEDCTL_COMMIT` when it ran; `note`, set by hand
+    in older JSONs, instead where present)."""
+    if env.get("note"):
+        return env["note"]
+    if not env.get("commit"):
+        return ""
+    batches = ", ".join(str(b) for b in env.get("batches", []))
+    return f"{' and '.join(env.get('shapes', []))} batches {batches} at {env['commit']}"
+
+
 def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) -> str:
     """kernels.json and kernels.md under `out` from the rows so far (called as rows land, so a
     run cut short by its time limit still leaves its tables)."""
@@ -222,9 +234,9 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph{launch}",
         "",
     ]
-    notes = [r["note"] for r in runs if r.get("note")]  # set by hand: which commit each run timed
-    if notes:
-        lines += ["Runs: " + "; ".join(notes) + ".", ""]
+    notes = [_run_note(r) for r in runs]
+    if any(notes):
+        lines += ["Runs: " + "; ".join(n for n in notes if n) + ".", ""]
     lines += [
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
         "(as a decode step replays them; `layers` in the JSON; where `shared_table` is in the "
@@ -349,6 +361,7 @@ def main() -> None:
         "matmul_TFLOPs": mm / 1e12,
         "dtype": a.dtype,
         "sms": _device_info(device)[1],
+        "commit": os.environ.get("PAGEDCTL_COMMIT"),  # the caller's word (see scripts/device)
     }
     empty, launch = empty_kernel_ms(device)
     env.update(empty_kernel_us=empty * 1e3, graph_launch_us=launch * 1e3, shapes=a.shapes)

@@ -54,6 +54,30 @@ def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path
     assert (tmp_path / "kernels.json").exists()
 
 
+def test_merged_tables_name_each_run_and_its_commit(tmp_path) -> None:
+    """A table merged from several runs says which run timed what, at which commit: the commit
+    its caller gave (`PAGEDCTL_COMMIT`), or a note set by hand in an older JSON."""
+    from kernels.bench import write
+
+    env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
+           "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.7}  # fmt: skip
+    runs = [
+        {**env, "shapes": ["qwen2.5-0.5b"], "batches": [1, 64], "commit": "abc1234"},
+        {**env, "note": "batch 256 at 3313a2a"},
+        {**env, "commit": None},  # a run that was given no commit says nothing
+    ]
+    text = write(tmp_path, {**env, "runs": runs}, [], [], [])
+    assert "Runs: qwen2.5-0.5b batches 1, 64 at abc1234; batch 256 at 3313a2a." in text
+    assert "Runs:" not in write(tmp_path, env, [], [], [])
+
+
+def test_environment_takes_the_commit_its_caller_gives(monkeypatch) -> None:
+    from pagedctl import envinfo
+
+    monkeypatch.setenv("PAGEDCTL_COMMIT", "c5431a7")
+    assert envinfo.environment()["commit"] == "c5431a7"
+
+
 @pytest.mark.parametrize("max_programs", [264, 528, 1056])
 def test_plain_read_grid_reads_the_bytes_in_whole_tiles_with_no_idle_program(
     max_programs: int,
@@ -93,7 +117,8 @@ def test_runs_table_shuffles_runs_of_consecutive_blocks(run: int) -> None:
 
 def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
     """Rows of runs that scanned different split counts share one table (`-` where a row has no
-    figure), and the `*` marks the count the run itself picked when the row recorded it."""
+    figure), and the `*` marks the count the run itself picked where the row recorded it (a
+    policy has changed since older runs: today's pick would misstate what they timed)."""
     from kernels.bench import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
@@ -108,5 +133,5 @@ def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
              for c in (2048, 8192)]  # fmt: skip
     text = write(tmp_path, env, [older, newer], peers, [])
     assert "| shape | batch | ctx | 1 | 8 | 24 |" in text
-    assert "| qwen2.5-0.5b | 8 | 2048 | 27.0 | 8.2* | - |" in text  # today's policy: 8
+    assert "| qwen2.5-0.5b | 8 | 2048 | 27.0 | 8.2 | - |" in text  # no record, no mark
     assert "| qwen2.5-0.5b | 8 | 8192 | 100.0 | 18.0 | 14.0* |" in text
