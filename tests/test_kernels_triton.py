@@ -230,6 +230,20 @@ def test_interp_decode_graph_padding_rows_read_nothing(splits: int) -> None:
 
 @interp
 @pytest.mark.parametrize("fused", [False, True])
+def test_interp_fp16_split_partials_do_not_overflow(fused: bool) -> None:
+    """Split partials are stored in the output's dtype, so they must be normalised: with values
+    near 1,000 and uniform weights, a split's unnormalised sum over ~100 keys (~100,000) would
+    overflow fp16 (65,504), while its normalised output stays near 1,000."""
+    batch = make_batch(decodes(16), 16, (14, 2), dtype=torch.float16, seed=8)
+    batch.q.zero_()  # every key weighs the same
+    batch.v_cache.mul_(10).add_(1000)  # NaN in unused slots stays NaN
+    batch.vs = [v * 10 + 1000 for v in batch.vs]
+    cfg = replace(configs.INTERPRETER_CONFIGS["decode"], fused_combine=fused)
+    batch.check(num_splits=3, config=cfg)
+
+
+@interp
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_interp_sequences_without_queries_write_nothing(splits: int | None, fused: bool) -> None:
     """Sequences with no query token among one-token queries: the one-query-block path takes no
@@ -512,6 +526,29 @@ def test_split_count_follows_sms_batch_and_context() -> None:
     assert ta.choose_num_splits(8, 2, 512, 132, 64) == 8  # 128 programs: one tile each
     assert ta.choose_num_splits(8, 2, 32768, 132, 64) == 24
     assert ta.choose_num_splits(256, 2, 32768, 132, 64) == 1
+
+
+@compiled
+@pytest.mark.parametrize("sms", [8, 40, 132])
+@pytest.mark.parametrize("tile_n", [32, 64, 128])
+def test_split_count_keeps_its_bounds_everywhere(sms: int, tile_n: int) -> None:
+    """Over batches, KV heads and lengths: at least one split, never a split without a tile or
+    past MAX_SPLITS; more than one only while the programs fit 3 an SM, and where they
+    outnumber the SMs, every split has at least 4 tiles; never fewer splits than a longer
+    context of the same batch gets (a graph captured at a bucket's longest context stays valid)."""
+    for seqs in (1, 2, 3, 8, 31, 64, 100, 256):
+        for heads in (1, 2, 3, 8):
+            pairs = seqs * heads
+            last = 1
+            for ctx in (1, 15, 16, 63, 64, 65, 300, 512, 2048, 8191, 32768, 131072):
+                n = ta.choose_num_splits(seqs, heads, ctx, sms, tile_n)
+                tiles = -(-ctx // tile_n)
+                assert 1 <= n <= max(1, min(tiles, splits_mod.MAX_SPLITS))
+                if n > 1:
+                    assert pairs * n <= splits_mod.PROGRAMS_PER_SM * sms
+                    assert pairs * n <= sms or tiles // n >= splits_mod.MIN_TILES_PER_SPLIT
+                assert n >= last, (seqs, heads, ctx)
+                last = n
 
 
 @compiled
