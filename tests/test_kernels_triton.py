@@ -534,8 +534,8 @@ def test_split_count_follows_sms_batch_and_context() -> None:
 def test_split_count_keeps_its_bounds_everywhere(sms: int, tile_n: int) -> None:
     """Over batches, KV heads and lengths: at least one split, never a split without a tile or
     past MAX_SPLITS; more than one only while the programs fit 3 an SM, and where they
-    outnumber the SMs, every split has at least 4 tiles; never fewer splits than a longer
-    context of the same batch gets (a graph captured at a bucket's longest context stays valid)."""
+    outnumber the SMs, every split has at least 4 tiles; and a longer context of the same batch
+    never gets fewer splits."""
     for seqs in (1, 2, 3, 8, 31, 64, 100, 256):
         for heads in (1, 2, 3, 8):
             pairs = seqs * heads
