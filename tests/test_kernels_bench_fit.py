@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.bench import fixed_and_streaming
+from kernels.bench_report import fixed_and_streaming
 
 
 def _row(shape: str, batch: int, block: int, nbytes: float, seconds: float) -> dict:
@@ -29,7 +29,7 @@ def test_fit_recovers_the_fixed_cost_and_the_rate_of_a_line() -> None:
 
 def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path) -> None:
     """`--render` redraws older JSON (no plain read, no per-pair overheads) and newer JSON."""
-    from kernels.bench import write
+    from kernels.bench_report import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
            "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.7}  # fmt: skip
@@ -57,7 +57,7 @@ def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path
 def test_merged_tables_name_each_run_and_its_commit(tmp_path) -> None:
     """A table merged from several runs says which run timed what, at which commit: the commit
     its caller gave (`PAGEDCTL_COMMIT`), or a note set by hand in an older JSON."""
-    from kernels.bench import write
+    from kernels.bench_report import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
            "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.7}  # fmt: skip
@@ -119,7 +119,7 @@ def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
     """Rows of runs that scanned different split counts share one table (`-` where a row has no
     figure), and the `*` marks the count the run itself picked where the row recorded it (a
     policy has changed since older runs: today's pick would misstate what they timed)."""
-    from kernels.bench import write
+    from kernels.bench_report import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
            "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.5}  # fmt: skip

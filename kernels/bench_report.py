@@ -1,0 +1,183 @@
+"""The kernel bench's report: `kernels.json` and `kernels.md` from its rows (the decode table, the
+forced split counts, time against bytes as a fixed cost and a streaming rate, the peers, prefill),
+for one run or several merged (`python -m kernels.bench --render A.json B.json ...`). Needs no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPLIT_SCAN = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # forced split counts timed at batch 8 and 64
+
+
+def fixed_and_streaming(decode: list[dict], bandwidth: float) -> list[dict]:
+    """Per (shape, batch, block) over its contexts: the line time = fixed + bytes / rate that
+    minimises the relative residuals, with the rate as a fraction of the copy bandwidth and the
+    worst relative residual.
+
+    Splits the shortfall of a short context into what every call pays once (the graph node's
+    launch and drain, each program's dependent loads at its start, the merge at its end) and the
+    streaming, which long contexts show on their own.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in decode:
+        groups.setdefault((r["shape"], r["batch"], r["block"]), []).append(r)
+    fits = []
+    for (shape, batch, block), rows in groups.items():
+        if len(rows) < 3:
+            continue
+        xs = [r["bytes"] for r in rows]
+        ys = [r["ms_random"] * 1e-3 for r in rows]
+        ws = [1 / y**2 for y in ys]  # relative residuals: short contexts count as much as long
+        sw, sx = sum(ws), sum(w * x for w, x in zip(ws, xs, strict=True))
+        sy = sum(w * y for w, y in zip(ws, ys, strict=True))
+        sxx = sum(w * x * x for w, x in zip(ws, xs, strict=True))
+        sxy = sum(w * x * y for w, x, y in zip(ws, xs, ys, strict=True))
+        slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+        fixed = (sy - slope * sx) / sw
+        n = len(rows)
+        worst = max(abs(fixed + slope * x - y) / y for x, y in zip(xs, ys, strict=True))
+        fits.append(
+            {"shape": shape, "batch": batch, "block": block, "contexts": n,
+             "fixed_us": fixed * 1e6, "rate_fraction": 1 / slope / bandwidth,
+             "worst_residual": worst}
+        )  # fmt: skip
+    return fits
+
+
+def _spread(row: dict) -> str:
+    """The least and most paging overhead of one adjacent pair of timings, as ` (lo..hi)`; empty
+    for rows measured before the pairs were kept."""
+    pairs = row.get("paging_overhead_pairs")
+    return f" ({min(pairs):+.1%}..{max(pairs):+.1%})" if pairs else ""
+
+
+def _run_note(env: dict) -> str:
+    """What one run timed and at which commit (`PAGEDCTL_COMMIT` when it ran; `note`, set by hand
+    in older JSONs, instead where present)."""
+    if env.get("note"):
+        return env["note"]
+    if not env.get("commit"):
+        return ""
+    batches = ", ".join(str(b) for b in env.get("batches", []))
+    return f"{' and '.join(env.get('shapes', []))} batches {batches} at {env['commit']}"
+
+
+def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) -> str:
+    """kernels.json and kernels.md under `out` from the rows so far (called as rows land, so a
+    run cut short by its time limit still leaves its tables)."""
+    bw, mm = env["copy_bandwidth_GBps"] * 1e9, env["matmul_TFLOPs"] * 1e12
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(
+        json.dumps(
+            {"environment": env, "decode": decode, "peers": peer_rows, "prefill": prefill}, indent=1
+        )
+    )
+    runs = env.get("runs", [env])
+    copy = " and ".join(f"{r['copy_bandwidth_GBps']:.0f}" for r in runs)
+    split_runs = (
+        f" (in {len(runs)} runs: each row's % uses its own run's copy bandwidth)"
+        if len(runs) > 1
+        else ""
+    )
+    launch = (
+        f"; a graph's own launch adds {env['graph_launch_us']:.1f} us to each replay (not in "
+        "any figure below)"
+        if "graph_launch_us" in env
+        else ""
+    )
+    lines = [
+        f"# Paged attention on {env['gpu']} ({env['dtype']})",
+        "",
+        f"copy bandwidth {copy} GB/s{split_runs}, matmul {mm / 1e12:.0f} TFLOP/s; torch "
+        f"{env['torch']}, triton {env['triton']}; an empty kernel costs "
+        f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph{launch}",
+        "",
+    ]
+    notes = [_run_note(r) for r in runs]
+    if any(notes):
+        lines += ["Runs: " + "; ".join(n for n in notes if n) + ".", ""]
+    lines += [
+        "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
+        "(as a decode step replays them; `layers` in the JSON; where `shared_table` is in the "
+        "JSON, through one block table, as the engine's layers share one): what one more call "
+        "adds to the "
+        "graph (where `graph_launch_us` is in the JSON; before, a replay's time over its calls, "
+        "the graph's launch included); eager: one call launched from "
+        "Python each time; other combine: the same split count merged the way the shipped "
+        "config does not (`f` = `fused_combine`, the last split merges in the same launch; "
+        "`k` = a second, combine kernel), `-` where one split is chosen; paging overhead: the "
+        "same caches through a random block table against an identity one, four timings of "
+        "each, interleaved: the median of the four adjacent pairs' ratios (older tables: the "
+        "ratio of the means), in brackets the least and most of them; plain read: a kernel that "
+        "only streams the same K/V bytes in, "
+        "timed the same way (the fastest of 2, 4, 8 programs per SM): what any decode kernel "
+        "pays at this size.",
+        "",
+        "| shape | batch | ctx | block | us | eager us | % of copy bw | paging overhead "
+        "| split speedup | other combine us | SDPA us | flex us | plain read us | x plain read |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    peer_of = {(r["shape"], r["batch"], r["context"]): r for r in peer_rows}
+    for r in decode:
+        pr = peer_of[(r["shape"], r["batch"], r["context"])]
+        flex = "n/a" if pr["ms_flex"] is None else f"{pr['ms_flex'] * 1e3:.1f}"
+        read = "n/a | n/a"
+        if "ms_read" in pr:
+            read = f"{pr['ms_read'] * 1e3:.1f} | {r['ms_random'] / pr['ms_read']:.2f}"
+        fused = "-"
+        for key, tag in (("ms_fused_combine", "f"), ("ms_combine_kernel", "k")):
+            if key in r:
+                fused = f"{r[key] * 1e3:.1f} {tag}"
+        lines.append(
+            f"| {r['shape']} | {r['batch']} | {r['context']} | {r['block']} | "
+            f"{r['ms_random'] * 1e3:.1f} | {r['ms_eager'] * 1e3:.1f} | {r['bw_fraction']:.0%} | "
+            f"{r['paging_overhead']:+.1%}{_spread(r)} | "
+            f"{r['split_speedup']:.1f}x | {fused} | {pr['ms_sdpa'] * 1e3:.1f} | {flex} | "
+            f"{read} |"
+        )
+    scan_cols = sorted({int(n) for r in decode for n in r["ms_splits"]}) or list(SPLIT_SCAN)
+    lines += [
+        "",
+        "Forced split counts (block 16; us per call; `*` = the count `choose_num_splits` picks):",
+        "",
+        "| shape | batch | ctx | " + " | ".join(str(n) for n in scan_cols) + " |",
+        "|---|---|---|" + "---|" * len(scan_cols),
+    ]
+    for r in decode:
+        if not r["ms_splits"]:
+            continue
+        picked = r.get("splits_picked")  # (older runs did not record it: no mark)
+        cells = []
+        for n in scan_cols:
+            ms = r["ms_splits"].get(str(n))
+            cells.append("-" if ms is None else f"{ms * 1e3:.1f}{'*' if n == picked else ''}")
+        head = f"| {r['shape']} | {r['batch']} | {r['context']} | "
+        lines.append(head + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Time against bytes over each row's contexts (`time = fixed + bytes / rate`, least "
+        "squares of the relative residuals): what a call pays once, and the rate of its "
+        "streaming; worst = the largest relative distance of a measured time from the line:",
+        "",
+        "| shape | batch | block | contexts | fixed us | rate, % of copy bw | worst |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in fixed_and_streaming(decode, bw):
+        lines.append(
+            f"| {f['shape']} | {f['batch']} | {f['block']} | {f['contexts']} | "
+            f"{f['fixed_us']:.1f} | {f['rate_fraction']:.0%} | {f['worst_residual']:.1%} |"
+        )
+    lines += [
+        "",
+        "| prefill shape | q_len | ms | floor ms | SDPA causal ms |",
+        "|---|---|---|---|---|",
+    ]
+    for r in prefill:
+        lines.append(
+            f"| {r['shape']} | {r['q_len']} | {r['ms']:.3f} | {r['floor_ms']:.3f} | "
+            f"{r['ms_sdpa_causal']:.3f} |"
+        )
+    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
