@@ -208,10 +208,10 @@ def _attn_fwd(
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # this program's output, normalised
+    o_mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
-        o_mask = row_ok[:, None] & d_ok[None, :]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         # One partial per (query-block program, KV head, split): decode programs are sequences.
@@ -221,10 +221,8 @@ def _attn_fwd(
         ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
         tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)
         tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)
-        part = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         part_off = (ws + rows)[:, None] * HEAD_DIM + d[None, :]
-        part_ok = row_ok[:, None] & d_ok[None, :]
-        tl.store(acc_ws_ptr + part_off, part.to(acc_ws_ptr.dtype.element_ty), mask=part_ok)
+        tl.store(acc_ws_ptr + part_off, out.to(acc_ws_ptr.dtype.element_ty), mask=o_mask)
         if FUSED_COMBINE:
             # The last split of this (sequence, KV head) to finish merges all of them, so no
             # second launch: every thread's stores are issued (barrier), then one acq_rel atomic

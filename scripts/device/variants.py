@@ -56,7 +56,7 @@ VARIANTS = {
     ],
     "no_merge": [("        if FUSED_COMBINE:\n", "        if FUSED_COMBINE and NUM_SPLITS < 0:\n")],
     "no_epilogue": [
-        ("    if NUM_SPLITS == 1:\n        out = acc", "    if True:\n        out = acc"),
+        ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
 }
 
