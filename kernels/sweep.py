@@ -53,12 +53,13 @@ DEEP_SPLITS = (1, 2, 3, 4, 6)
 DEEP_SHAPES = [(64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 
 
-def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16):
+def _pools(shape: str, batch: int, ctx: int, dtype, block: int = 16, table=None):
     """Per-layer caches (enough layers to exceed L2, stored as the engine stores them) through
-    one random block table."""
+    one block table for every layer, as the engine's: `table`, or a fresh random one."""
     hq, hkv, d = SHAPES[shape]
     kv_bytes = 2 * batch * -(-ctx // block) * block * hkv * d * torch.finfo(dtype).bits // 8
-    table = _table(batch, -(-ctx // block), False, "cuda")  # one for every layer, as the engine
+    if table is None:
+        table = _table(batch, -(-ctx // block), False, "cuda")
     pools = [
         _pool(batch, ctx, block, hkv, d, dtype, "cuda", table) for _ in range(num_layers(kv_bytes))
     ]

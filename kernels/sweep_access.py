@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from kernels.bench import SHAPES
-from kernels.bench_timing import _pool, num_layers, per_call_ms, read_floor_ms
+from kernels.bench_timing import _table, num_layers, per_call_ms, read_floor_ms
 from kernels.sweep import _pools, _shipped
 from kernels.triton_attention import paged_attention
 from kernels.triton_kv import write_kv
@@ -94,8 +94,8 @@ def layouts(out: Path, rows: list[dict], dtype) -> None:
         kv_bytes = 2 * n * block * hkv * d * torch.finfo(dtype).bits // 8
         layers = num_layers(kv_bytes)
         tables = {
-            "random": torch.randperm(n, device="cuda").view(batch, per_seq).int(),
-            "identity": torch.arange(n, device="cuda").view(batch, per_seq).int(),
+            "random": _table(batch, per_seq, False, "cuda"),
+            "identity": _table(batch, per_seq, True, "cuda"),
         }
         caches = {
             "token": [
@@ -157,18 +157,12 @@ def tables(out: Path, rows: list[dict], dtype) -> None:
     table's cost comes from: runs as long as a memory page (2 MB) would remove address
     translation misses, short runs DRAM-row or sector effects."""
     for shape, batch, ctx, block in TABLE_SHAPES:
-        hq, hkv, d = SHAPES[shape]
+        _, hkv, d = SHAPES[shape]
         per_seq = -(-ctx // block)
         n = batch * per_seq
-        kv_bytes = 2 * n * block * hkv * d * torch.finfo(dtype).bits // 8
         tables = {f"runs of {r}": runs_table(batch, per_seq, r, "cuda") for r in TABLE_RUNS}
         tables["identity"] = runs_table(batch, per_seq, n, "cuda")
-        layers = num_layers(kv_bytes)
-        pools = [_pool(batch, ctx, block, hkv, d, dtype, "cuda", tables["identity"])
-                 for _ in range(layers)]  # fmt: skip
-        q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        q, pools, lens, cu, _ = _pools(shape, batch, ctx, dtype, block, tables["identity"])
         cfg = _shipped(shape, batch)
         times: dict = {}
         for name in [*tables, *reversed(tables)]:

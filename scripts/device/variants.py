@@ -35,7 +35,7 @@ import tempfile
 import torch
 
 import kernels.sweep as sw
-from kernels.bench_timing import _pool, _table, num_layers, per_call_ms
+from kernels.bench_timing import _table, per_call_ms
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "triton_attention.py"
 
@@ -95,17 +95,9 @@ def main() -> None:
     mods = {"shipped": shipped} | {n: variant(n) for n in names}
     lines = []
     for shape, batch, ctx in CASES:
-        hq, hkv, d = sw.SHAPES[shape]
-        dtype = torch.bfloat16
-        per_seq = -(-ctx // 16)
-        table = _table(batch, per_seq, True, "cuda")
-        kv_bytes = 2 * batch * per_seq * 16 * hkv * d * 2
-        pools = [
-            _pool(batch, ctx, 16, hkv, d, dtype, "cuda", table) for _ in range(num_layers(kv_bytes))
-        ]
-        q = torch.randn(batch, hq, d, dtype=dtype, device="cuda")
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        d = sw.SHAPES[shape][2]
+        table = _table(batch, -(-ctx // 16), True, "cuda")
+        q, pools, lens, cu, _ = sw._pools(shape, batch, ctx, torch.bfloat16, 16, table)
         cfg = dataclasses.replace(sw._shipped(shape, batch), **override)
         stacks = {
             n: [
