@@ -19,22 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import pathlib
 import statistics
 import sys
-import tempfile
 
 import torch
 import triton
 import triton.language as tl
+from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
 
 import kernels.sweep as sw
 from kernels.bench_timing import per_call_ms, read_grid
 from kernels.triton_attention import _device_info, paged_attention
-
-SRC = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "triton_attention.py"
 
 
 @triton.jit
@@ -86,15 +83,7 @@ EDITS = [  # (anchor, replacement): each anchor must occur exactly once
 
 
 def instrumented():
-    text = SRC.read_text()
-    for anchor, new in EDITS:
-        assert text.count(anchor) == 1, f"anchor not unique in {SRC.name}: {anchor!r}"
-        text = text.replace(anchor, new)
-    path = pathlib.Path(tempfile.mkdtemp()) / "attn_stamped.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("attn_stamped", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = edited_copy("stamped", EDITS)
     mod._now, mod._smid, mod.STAMPS = _now, _smid, None  # what the inserted lines call
     return mod
 

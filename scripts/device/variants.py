@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import pathlib
 import sys
-import tempfile
 
 import torch
+from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
 
 import kernels.sweep as sw
 from kernels.bench_timing import _table, per_call_ms
-
-SRC = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "triton_attention.py"
 
 VARIANTS = {
     "arith_table": [
@@ -71,19 +68,6 @@ CASES = [  # (shape, batch, context)
 ]
 
 
-def variant(name: str):
-    text = SRC.read_text()
-    for anchor, new in VARIANTS[name]:
-        assert text.count(anchor) == 1, f"{name}: anchor not unique in {SRC.name}: {anchor!r}"
-        text = text.replace(anchor, new)
-    path = pathlib.Path(tempfile.mkdtemp()) / f"attn_{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"attn_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> None:
     import kernels.triton_attention as shipped
 
@@ -92,7 +76,7 @@ def main() -> None:
     # FIELD=N: an AttentionConfig field for every kernel timed; splits=N forces the split count
     override = {k: int(v) for k, v in (a.split("=") for a in args if "=" in a)}
     splits = override.pop("splits", None)
-    mods = {"shipped": shipped} | {n: variant(n) for n in names}
+    mods = {"shipped": shipped} | {n: edited_copy(n, VARIANTS[n]) for n in names}
     lines = []
     for shape, batch, ctx in CASES:
         d = sw.SHAPES[shape][2]
