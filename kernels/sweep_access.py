@@ -35,10 +35,11 @@ LAYOUT_SHAPES = [
 # `--tables`: where the random table costs most (session 7's bench), and a reference shape
 TABLE_SHAPES = [
     ("smollm2-135m", 8, 32768, 16), ("smollm2-135m", 8, 32768, 64),
-    ("qwen2.5-0.5b", 8, 32768, 16), ("qwen2.5-0.5b", 64, 512, 32),
-    ("smollm2-135m", 64, 2048, 16),
+    ("qwen2.5-0.5b", 8, 32768, 16), ("qwen2.5-0.5b", 8, 32768, 32),
+    ("qwen2.5-0.5b", 64, 512, 32), ("smollm2-135m", 64, 2048, 16),
 ]  # fmt: skip
 TABLE_RUNS = (1, 8, 64, 512)  # consecutive blocks per run: 1 = a random table
+PAGE_BYTES = 2 * 2**20  # the GPU's large page, the unit of address translation for big buffers
 
 
 def pdl(out: Path, rows: list[dict], dtype, block: int = 16) -> None:
@@ -150,6 +151,16 @@ def runs_table(batch: int, per_seq: int, run: int, device) -> torch.Tensor:
     return torch.cat([runs[i] for i in order]).view(batch, per_seq).to(torch.int32)
 
 
+def in_page_table(batch: int, per_seq: int, page_blocks: int, device) -> torch.Tensor:
+    """A block table whose ids are shuffled only within each group of `page_blocks` consecutive
+    ids (one memory page of blocks, where the pool starts on a page boundary), the groups kept in
+    order: random at every scale below a page, the identity above it."""
+    n = batch * per_seq
+    groups = torch.arange(n, device=device).split(page_blocks)
+    perm = [g[torch.randperm(len(g), device=device)] for g in groups]
+    return torch.cat(perm).view(batch, per_seq).to(torch.int32)
+
+
 def tables(out: Path, rows: list[dict], dtype) -> None:
     """The shipped config on TABLE_SHAPES through tables of growing locality over the same
     caches (every layer through the same table, as the engine's): random, runs of TABLE_RUNS
@@ -161,8 +172,14 @@ def tables(out: Path, rows: list[dict], dtype) -> None:
         per_seq = -(-ctx // block)
         n = batch * per_seq
         tables = {f"runs of {r}": runs_table(batch, per_seq, r, "cuda") for r in TABLE_RUNS}
+        block_bytes = block * hkv * d * torch.finfo(dtype).bits // 8
+        if PAGE_BYTES % block_bytes == 0:  # pages hold whole blocks: shuffle within each
+            tables["in pages"] = in_page_table(batch, per_seq, PAGE_BYTES // block_bytes, "cuda")
         tables["identity"] = runs_table(batch, per_seq, n, "cuda")
         q, pools, lens, cu, _ = _pools(shape, batch, ctx, dtype, block, tables["identity"])
+        # (a page-aligned pool is what makes "in pages" mean whole pages; torch's caching
+        # allocator gives large buffers 2 MB-aligned segments, checked here)
+        aligned = all(k.data_ptr() % PAGE_BYTES == 0 for k, _, _ in pools)
         cfg = _shipped(shape, batch)
         times: dict = {}
         for name in [*tables, *reversed(tables)]:
@@ -173,14 +190,15 @@ def tables(out: Path, rows: list[dict], dtype) -> None:
             ]  # fmt: skip
             times.setdefault(name, []).append(per_call_ms(calls))
         ms = {name: sum(t) / 2 for name, t in times.items()}
-        block_bytes = block * hkv * d * torch.finfo(dtype).bits // 8
         rows.append({"phase": "tables", "shape": shape, "batch": batch, "ctx": ctx,
-                     "block": block, "block_bytes": block_bytes, "cfg": cfg.__dict__,
+                     "block": block, "block_bytes": block_bytes, "pages_aligned": aligned,
+                     "cfg": cfg.__dict__,
                      "ms": ms, "times": times})  # fmt: skip
         cells = ", ".join(
             f"{name} {m / ms['identity'] - 1:+.1%}" for name, m in ms.items() if name != "identity"
         )
-        print(f"{shape[:5]} {batch:3d} x {ctx:5d} b{block} ({block_bytes} B a block): identity "
+        print(f"{shape[:5]} {batch:3d} x {ctx:5d} b{block} ({block_bytes} B a block, pool "
+              f"{'' if aligned else 'not '}page-aligned): identity "
               f"{ms['identity'] * 1e3:6.1f} us; {cells}")  # fmt: skip
         del pools
         torch.cuda.empty_cache()

@@ -12,6 +12,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
   arith_table   block ids computed (sequence i owns blocks i * width ...), never read from the
                 table: what the table's loads and their round trip before the first K/V load cost
   no_merge      the fused combine's atomic and merge dropped (partials stored only)
+  relaxed       the fused combine's atomic without its release and acquire (no fence before
+                it, no L1 invalidation after; the merge may read a partial not yet visible)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -52,6 +54,7 @@ VARIANTS = {
         ),
     ],
     "no_merge": [("        if FUSED_COMBINE:\n", "        if FUSED_COMBINE and NUM_SPLITS < 0:\n")],
+    "relaxed": [('sem="acq_rel"', 'sem="relaxed"')],
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
