@@ -14,6 +14,12 @@ that work costs, nothing more. Each line gives the largest difference from the s
   no_merge      the fused combine's atomic and merge dropped (partials stored only)
   relaxed       the fused combine's atomic without its release and acquire (no fence before
                 it, no L1 invalidation after; the merge may read a partial not yet visible)
+  no_atomic     partials stored, no atomic and no merge: what the atomic's round trip costs
+  no_partials   atomic and merge kept, no partial stored (the merge reads stale workspace; the
+                compiler then drops the whole loop: a check that a copy still computes)
+  no_ml         the partial's outputs stored, its maxima and row sums not
+  acc_to_out    the partial's outputs stored to `out` (where no_epilogue stores them), its maxima
+                and row sums to the workspace, atomic and merge kept
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import pathlib
 import sys
 
@@ -55,6 +62,34 @@ VARIANTS = {
     ],
     "no_merge": [("        if FUSED_COMBINE:\n", "        if FUSED_COMBINE and NUM_SPLITS < 0:\n")],
     "relaxed": [('sem="acq_rel"', 'sem="relaxed"')],
+    "no_atomic": [
+        (
+            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
+            "if NUM_SPLITS < 0:",
+        )
+    ],
+    "no_partials": [
+        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+        (
+            "        tl.store(acc_ws_ptr + part_off, out.to(acc_ws_ptr.dtype.element_ty), "
+            "mask=o_mask)\n",
+            "",
+        ),
+    ],
+    "no_ml": [
+        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+    ],
+    "acc_to_out": [
+        (
+            "        tl.store(acc_ws_ptr + part_off, out.to(acc_ws_ptr.dtype.element_ty), "
+            "mask=o_mask)\n",
+            "        o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]"
+            " * stride_od\n"
+            "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n",
+        )
+    ],
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
@@ -79,9 +114,11 @@ def main() -> None:
     # FIELD=N: an AttentionConfig field for every kernel timed; splits=N forces the split count
     override = {k: int(v) for k, v in (a.split("=") for a in args if "=" in a)}
     splits = override.pop("splits", None)
+    only = os.environ.get("VARIANT_CASES")  # e.g. "0,5": those rows of CASES only
+    cases = [CASES[int(i)] for i in only.split(",")] if only else CASES
     mods = {"shipped": shipped} | {n: edited_copy(n, VARIANTS[n]) for n in names}
     lines = []
-    for shape, batch, ctx in CASES:
+    for shape, batch, ctx in cases:
         d = sw.SHAPES[shape][2]
         table = _table(batch, -(-ctx // 16), True, "cuda")
         q, pools, lens, cu, _ = sw._pools(shape, batch, ctx, torch.bfloat16, 16, table)
