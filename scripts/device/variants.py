@@ -20,6 +20,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
   no_ml         the partial's outputs stored, its maxima and row sums not
   acc_to_out    the partial's outputs stored to `out` (where no_epilogue stores them), its maxima
                 and row sums to the workspace, atomic and merge kept
+  ws_only       partials stored, no barrier, atomic or merge
+  no_epilogue_bar  no_epilogue with the barrier the fused combine puts before its atomic
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -89,6 +91,22 @@ VARIANTS = {
             " * stride_od\n"
             "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n",
         )
+    ],
+    "ws_only": [
+        ("            tl.debug_barrier()\n", ""),
+        (
+            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
+            "if NUM_SPLITS < 0:",
+        ),
+    ],
+    "no_epilogue_bar": [
+        ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
+        (
+            "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n"
+            "    else:",
+            "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n"
+            "        tl.debug_barrier()\n    else:",
+        ),
     ],
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
