@@ -22,6 +22,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 and row sums to the workspace, atomic and merge kept
   ws_only       partials stored, no barrier, atomic or merge
   no_epilogue_bar  no_epilogue with the barrier the fused combine puts before its atomic
+  persistent_ws the shipped kernel with one workspace kept per shape, made outside the graph
+                (shipped: `torch.empty` each call, from the graph's pool when captured)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -106,6 +108,24 @@ VARIANTS = {
             "    else:",
             "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n"
             "        tl.debug_barrier()\n    else:",
+        ),
+    ],
+    "persistent_ws": [
+        (
+            "        acc_ws = torch.empty((*ws, head_dim), dtype=q.dtype, device=q.device)\n"
+            "        m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n"
+            "        l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n",
+            "        acc_ws, m_ws, l_ws = _persistent_ws(ws, head_dim, q.dtype, q.device)\n",
+        ),
+        (
+            "def paged_attention(\n",
+            "_WS = {}\n\n\ndef _persistent_ws(ws, head_dim, dtype, device):\n"
+            "    key = (ws, head_dim, dtype, device)\n"
+            "    if key not in _WS:\n"
+            "        _WS[key] = (torch.empty((*ws, head_dim), dtype=dtype, device=device),\n"
+            "                    torch.empty(ws, dtype=torch.float32, device=device),\n"
+            "                    torch.empty(ws, dtype=torch.float32, device=device))\n"
+            "    return _WS[key]\n\n\ndef paged_attention(\n",
         ),
     ],
     "no_epilogue": [
