@@ -24,6 +24,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
   no_epilogue_bar  no_epilogue with the barrier the fused combine puts before its atomic
   persistent_ws the shipped kernel with one workspace kept per shape, made outside the graph
                 (shipped: `torch.empty` each call, from the graph's pool when captured)
+  ws_acc_only   each split stores its output rows to its own workspace rows, nothing else
+  ws_shared     as ws_acc_only, every split of a sequence and KV head to the same rows
+  out_split0    as no_epilogue, split 0 alone storing
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -126,6 +129,37 @@ VARIANTS = {
             "                    torch.empty(ws, dtype=torch.float32, device=device),\n"
             "                    torch.empty(ws, dtype=torch.float32, device=device))\n"
             "    return _WS[key]\n\n\ndef paged_attention(\n",
+        ),
+    ],
+    "ws_acc_only": [
+        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+        ("            tl.debug_barrier()\n", ""),
+        (
+            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
+            "if NUM_SPLITS < 0:",
+        ),
+    ],
+    "ws_shared": [
+        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+        ("            tl.debug_barrier()\n", ""),
+        (
+            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
+            "if NUM_SPLITS < 0:",
+        ),
+        (
+            "        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M\n",
+            "        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS) * BLOCK_M\n",
+        ),
+    ],
+    "out_split0": [
+        ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
+        (
+            "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n"
+            "    else:",
+            "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), "
+            "mask=o_mask & (split == 0))\n    else:",
         ),
     ],
     "no_epilogue": [
