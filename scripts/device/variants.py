@@ -148,10 +148,7 @@ VARIANTS = {
             'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
             "if NUM_SPLITS < 0:",
         ),
-        (
-            "        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M\n",
-            "        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS) * BLOCK_M\n",
-        ),
+        ("* NUM_SPLITS + split) * BLOCK_M\n", "* NUM_SPLITS) * BLOCK_M\n"),
     ],
     "out_split0": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
