@@ -27,6 +27,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
   ws_acc_only   each split stores its output rows to its own workspace rows, nothing else
   ws_shared     as ws_acc_only, every split of a sequence and KV head to the same rows
   out_split0    as no_epilogue, split 0 alone storing
+  ml_full       the shipped kernel storing its maxima and row sums for all BLOCK_M rows (whole
+                32-byte sectors) instead of the GROUP query rows (28 bytes of a sector for Qwen)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -157,6 +159,16 @@ VARIANTS = {
             "    else:",
             "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), "
             "mask=o_mask & (split == 0))\n    else:",
+        ),
+    ],
+    "ml_full": [
+        (
+            "        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n",
+            "        tl.store(m_ws_ptr + ws + rows, m_i)\n",
+        ),
+        (
+            "        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n",
+            "        tl.store(l_ws_ptr + ws + rows, l_i)\n",
         ),
     ],
     "no_epilogue": [
