@@ -29,6 +29,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
   out_split0    as no_epilogue, split 0 alone storing
   ml_full       the shipped kernel storing its maxima and row sums for all BLOCK_M rows (whole
                 32-byte sectors) instead of the GROUP query rows (28 bytes of a sector for Qwen)
+  acc_only_fma  ws_acc_only with 40 dependent multiply-adds on the output before its store (320
+                more instructions after the loop, no more memory operations)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -53,6 +55,16 @@ from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
 
 import kernels.sweep as sw
 from kernels.bench_timing import _table, per_call_ms
+
+_ML_DROP = [  # partials of the output rows only: no maxima, row sums, barrier, atomic
+    ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+    ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+    ("            tl.debug_barrier()\n", ""),
+    (
+        'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
+        "if NUM_SPLITS < 0:",
+    ),
+]
 
 VARIANTS = {
     "arith_table": [
@@ -133,23 +145,9 @@ VARIANTS = {
             "    return _WS[key]\n\n\ndef paged_attention(\n",
         ),
     ],
-    "ws_acc_only": [
-        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
-        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
-        ("            tl.debug_barrier()\n", ""),
-        (
-            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
-            "if NUM_SPLITS < 0:",
-        ),
-    ],
+    "ws_acc_only": _ML_DROP,
     "ws_shared": [
-        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
-        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
-        ("            tl.debug_barrier()\n", ""),
-        (
-            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
-            "if NUM_SPLITS < 0:",
-        ),
+        *_ML_DROP,
         ("* NUM_SPLITS + split) * BLOCK_M\n", "* NUM_SPLITS) * BLOCK_M\n"),
     ],
     "out_split0": [
@@ -169,6 +167,15 @@ VARIANTS = {
         (
             "        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n",
             "        tl.store(l_ws_ptr + ws + rows, l_i)\n",
+        ),
+    ],
+    "acc_only_fma": [
+        *_ML_DROP,
+        (
+            "    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # this program's output, "
+            "normalised\n",
+            "    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # this program's output, "
+            "normalised\n    for _ in tl.static_range(40):\n        out = out * 0.999 + 0.001\n",
         ),
     ],
     "no_epilogue": [
