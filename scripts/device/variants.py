@@ -31,6 +31,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 32-byte sectors) instead of the GROUP query rows (28 bytes of a sector for Qwen)
   acc_only_fma  ws_acc_only with 40 dependent multiply-adds on the output before its store (320
                 more instructions after the loop, no more memory operations)
+  one_ws        the shipped kernel with its three workspaces (outputs, maxima, row sums) as views
+                of one allocation per call (one memory page instead of three, where it fits)
+  one_buf       as one_ws, kept across calls, with the arrival counters in the same buffer
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -65,6 +68,32 @@ _ML_DROP = [  # partials of the output rows only: no maxima, row sums, barrier, 
         "if NUM_SPLITS < 0:",
     ),
 ]
+
+# one allocation for the split workspace (and, kept, zeroed counters at its end), as views
+_ONE_BUFFER = """_KEPT = {}
+
+
+def _one_buffer(ws, head_dim, dtype, device, n_counters, keep):
+    import math
+    acc_n = math.prod(ws) * head_dim * torch.finfo(dtype).bits // 8
+    ml_n = math.prod(ws) * 4
+    total = acc_n + 2 * ml_n + 4 * n_counters
+    key = (ws, head_dim, dtype, device, n_counters)
+    if keep and key in _KEPT:
+        buf = _KEPT[key]
+    else:
+        make = torch.zeros if keep else torch.empty  # (kept: the counters start at zero)
+        buf = make(total, dtype=torch.uint8, device=device)
+        if keep:
+            _KEPT[key] = buf
+    acc = buf[:acc_n].view(dtype).view(*ws, head_dim)
+    m = buf[acc_n : acc_n + ml_n].view(torch.float32).view(ws)
+    l = buf[acc_n + ml_n : acc_n + 2 * ml_n].view(torch.float32).view(ws)
+    cnt = buf[acc_n + 2 * ml_n :].view(torch.int32)
+    return acc, m, l, cnt
+
+
+"""
 
 VARIANTS = {
     "arith_table": [
@@ -177,6 +206,32 @@ VARIANTS = {
             "    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # this program's output, "
             "normalised\n    for _ in tl.static_range(40):\n        out = out * 0.999 + 0.001\n",
         ),
+    ],
+    "one_ws": [
+        (
+            "        acc_ws = torch.empty((*ws, head_dim), dtype=q.dtype, device=q.device)\n"
+            "        m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n"
+            "        l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n",
+            "        acc_ws, m_ws, l_ws, _ = _one_buffer(\n"
+            "            ws, head_dim, q.dtype, q.device, 0, False\n"
+            "        )\n",
+        ),
+        ("def paged_attention(\n", _ONE_BUFFER + "def paged_attention(\n"),
+    ],
+    "one_buf": [
+        (
+            "        acc_ws = torch.empty((*ws, head_dim), dtype=q.dtype, device=q.device)\n"
+            "        m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n"
+            "        l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n",
+            "        acc_ws, m_ws, l_ws, cnt = _one_buffer(\n"
+            "            ws, head_dim, q.dtype, q.device, grid0 * num_kv_heads, True\n"
+            "        )\n",
+        ),
+        (
+            "    counters = _split_counters(q.device, grid0 * num_kv_heads) if fused else out\n",
+            "    counters = cnt if fused else out\n",
+        ),
+        ("def paged_attention(\n", _ONE_BUFFER + "def paged_attention(\n"),
     ],
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
