@@ -65,7 +65,7 @@ def generate(
     device: str | None = typer.Option(None, help="auto, cpu or cuda[:N] [auto]."),
     seed: int | None = typer.Option(None, help="Engine seed (unseeded sampling) [0]."),
     num_scheduler_steps: int | None = typer.Option(
-        None, min=1, help="Decode steps run back to back per scheduling round [1]."
+        None, min=1, help="Decode steps run back to back per scheduling round, on CUDA [8]."
     ),
     summary_json: Path | None = typer.Option(
         None, "--summary-json", help="Write the summary here."
