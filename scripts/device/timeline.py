@@ -1,5 +1,6 @@
-"""Where a decode call's time goes: `python3 scripts/device/timeline.py [OUT.json [FIELD=N ...]]`
-(fields of `AttentionConfig` to override in the shipped decode config, e.g. `prefetch=1`).
+"""Where a decode call's time goes: `python3 scripts/device/timeline.py [OUT.json [FIELD=N ...]
+[variant=NAME] [cases=I,J]]` (fields of `AttentionConfig` to override in the shipped decode config;
+a copy of `variants.py` to stamp instead of the shipped kernel; rows of the case list to run).
 
 Runs an instrumented copy of kernels/triton_attention.py (made here by inserting timer reads, so
 the shipped kernel is untouched) in the same layer-stack CUDA graph the benches time. Each program
@@ -82,8 +83,14 @@ EDITS = [  # (anchor, replacement): each anchor must occur exactly once
 ]
 
 
-def instrumented():
-    mod = edited_copy("stamped", EDITS)
+def instrumented(variant: str | None = None):
+    """The stamped copy; with `variant`, that copy of `variants.py` stamped (its edits first)."""
+    edits = EDITS
+    if variant:
+        from variants import VARIANTS  # (scripts/device)
+
+        edits = [*VARIANTS[variant], *EDITS]
+    mod = edited_copy(f"stamped_{variant or 'shipped'}", edits)
     mod._now, mod._smid, mod.STAMPS = _now, _smid, None  # what the inserted lines call
     return mod
 
@@ -217,8 +224,11 @@ def read_case(nbytes, per_sm):
 
 
 def main() -> None:
-    OVERRIDE.update((k, int(v)) for k, v in (a.split("=") for a in sys.argv[2:]))
-    mod = instrumented()
+    args = dict(a.split("=") for a in sys.argv[2:])
+    variant = args.pop("variant", None)  # a copy of variants.py, stamped instead of the shipped
+    only = args.pop("cases", None)  # e.g. "0,5": those rows of the case list (reads always run)
+    OVERRIDE.update((k, int(v)) for k, v in args.items())
+    mod = instrumented(variant)
     results = []
     cases = [
         ("qwen2.5-0.5b", 64, 2048, None), ("qwen2.5-0.5b", 64, 2048, 2),
@@ -230,6 +240,8 @@ def main() -> None:
         ("qwen2.5-0.5b", 256, 2048, None), ("qwen2.5-0.5b", 1, 512, None),
         ("qwen2.5-0.5b", 8, 2048, None),
     ]  # fmt: skip
+    if only:
+        cases = [cases[int(i)] for i in only.split(",")]
     keys = ("percall", "percall_stamped", "launch", "start50", "loop50", "loopmax", "end50",
             "end", "merge50", "gap")  # fmt: skip
     print("case                              " + " ".join(f"{k[:8]:>8}" for k in keys))
