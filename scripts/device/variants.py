@@ -38,6 +38,10 @@ that work costs, nothing more. Each line gives the largest difference from the s
   lse           each split stores one log-sum-exp a row (max + log2 of its row sum) instead of
                 its maximum and row sum, and the fused merge weights by it: one store and one
                 load stream fewer, the same output (a candidate, checked in the interpreter)
+  ml_pad        the maxima and row sums of each split in a 128-byte line of their own (two
+                splits shared one; the merge reads the old places: a cost only)
+  counter_pad   each arrival counter in a line of its own (32 sequences' counters shared one)
+  pad_both      both: is the epilogue's cost programs on different SMs writing the same lines?
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -138,6 +142,36 @@ def _merge_lse(
 
 
 """
+
+# One 128-byte line per program for what a split writes that is smaller than a line: its maxima
+# and row sums (16 floats: 64 bytes, so two splits shared a line) and its arrival counter (4 bytes:
+# 32 sequences' counters shared a line). The merge (in triton_splits, not edited) then reads the
+# maxima and row sums from the old places: wrong output, a cost only.
+_ML_PAD = [
+    (
+        "        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n"
+        "        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n",
+        "        tl.store(m_ws_ptr + 2 * ws + rows, m_i, mask=row_ok)\n"
+        "        tl.store(l_ws_ptr + 2 * ws + rows, l_i, mask=row_ok)\n",
+    ),
+    (
+        "        m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n"
+        "        l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n",
+        "        wide = (*ws[:-1], 2 * block_m)\n"
+        "        m_ws = torch.empty(wide, dtype=torch.float32, device=q.device)\n"
+        "        l_ws = torch.empty(wide, dtype=torch.float32, device=q.device)\n",
+    ),
+]
+_COUNTER_PAD = [
+    (
+        "            counter = counter_ptr + pid * tl.num_programs(1) + kvh\n",
+        "            counter = counter_ptr + (pid * tl.num_programs(1) + kvh) * 32\n",
+    ),
+    (
+        "    counters = _split_counters(q.device, grid0 * num_kv_heads) if fused else out\n",
+        "    counters = _split_counters(q.device, grid0 * num_kv_heads * 32) if fused else out\n",
+    ),
+]
 
 VARIANTS = {
     "arith_table": [
@@ -288,6 +322,9 @@ VARIANTS = {
         ("                _merge_splits(\n", "                _merge_lse(\n"),
         ("@triton.jit\ndef _attn_fwd(\n", _MERGE_LSE + "@triton.jit\ndef _attn_fwd(\n"),
     ],
+    "ml_pad": _ML_PAD,
+    "counter_pad": _COUNTER_PAD,
+    "pad_both": [*_ML_PAD, *_COUNTER_PAD],
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
