@@ -115,6 +115,23 @@ def test_runs_table_shuffles_runs_of_consecutive_blocks(run: int) -> None:
     assert torch.equal(flat, every) == (run == 8 * 512)
 
 
+def test_in_page_table_shuffles_only_within_pages() -> None:
+    """`sweep --tables`' "in pages": every block id once, each page's ids (groups of
+    `page_blocks` from a multiple of it) kept in that page's slots, their order shuffled."""
+    import torch
+
+    from kernels.sweep_access import in_page_table
+
+    torch.manual_seed(0)
+    table = in_page_table(4, 256, 128, "cpu")
+    flat = table.flatten()
+    assert table.shape == (4, 256) and table.dtype == torch.int32
+    assert torch.equal(flat.sort().values, torch.arange(4 * 256, dtype=torch.int32))
+    slots = torch.arange(4 * 256)
+    assert torch.equal(flat // 128, slots // 128)  # no id leaves its page
+    assert not torch.equal(flat, slots.to(torch.int32))  # and within pages it moved
+
+
 def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
     """Rows of runs that scanned different split counts share one table (`-` where a row has no
     figure), and the `*` marks the count the run itself picked where the row recorded it (a
