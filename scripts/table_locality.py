@@ -26,8 +26,9 @@ import sys
 from pathlib import Path
 
 from engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from kernels.sweep_access import PAGE_BYTES
+from pagedctl.bench_scheduler import _fake_tokens
 
-PAGE_BYTES = 2 * 2**20
 KV_BYTES_PER_TOKEN_LAYER_K = 2 * 64 * 2  # Qwen2.5-0.5B: 2 KV heads x 64 dims x bf16
 
 
@@ -92,11 +93,7 @@ def simulate(
     done, steps, shots = 0, 0, []
     while sched.has_unfinished():
         out = sched.schedule()
-        sampled = [
-            [rng.randrange(3, 32000)] if s.num_computed_tokens + n == s.num_tokens else []
-            for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
-        ]
-        done += len(sched.update(out, sampled))
+        done += len(sched.update(out, _fake_tokens(out, rng)))
         steps += 1
         if done in marks:
             marks.discard(done)
