@@ -4,8 +4,8 @@ A program handles `BLOCK_Q` query tokens of one sequence times all `GROUP` query
 head (rows `m -> (token m // GROUP, head m % GROUP)`), so each K/V tile is loaded once per group.
 It walks the sequence's KV positions `TILE_N` at a time through the block table (a tile may span
 several cache blocks), with an online softmax in float32. Decode batches may split each
-sequence's KV tiles over `NUM_SPLITS` programs, each a contiguous range of them (flash-decoding); a
-small combine kernel merges the partial results (or, with `AttentionConfig.fused_combine`, the last
+sequence's KV tiles over `NUM_SPLITS` programs, dealt round robin (flash-decoding); a small
+combine kernel merges the partial results (or, with `AttentionConfig.fused_combine`, the last
 split of each sequence and KV head to finish merges them in the same launch, counted by an
 atomic counter). A program reads the block ids of its next tile while it computes the current
 one, so its K/V loads never wait on the table within an iteration. A prefill query block reads
@@ -24,13 +24,7 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.configs import AttentionConfig, lookup, pdl_capable, phase_of
-from kernels.triton_splits import (
-    _active_splits,
-    _merge_splits,
-    _split_counters,
-    _split_range,
-    choose_num_splits,
-)
+from kernels.triton_splits import _merge_splits, _split_counters, choose_num_splits
 
 LOG2E = 1.4426950408889634
 
@@ -68,10 +62,10 @@ def _tile(
     j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d, d_ok,
     qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One KV tile `j` (positions `j * TILE_N ...`, block ids `blk_next`) folded into the online
-    softmax state (m_i, l_acc, acc); returns it with the block ids of tile `j + 1`.
+    softmax state (m_i, l_acc, acc); returns it with the block ids of this split's next tile.
     `MASKED=False` only for tiles every row sees whole (below `limit` and below every query)."""
     pos = j * TILE_N + tl.arange(0, TILE_N)
     pos_ok = pos < limit
@@ -79,7 +73,7 @@ def _tile(
     # Masked by the table's width, not the sequence's length, so the load waits on nothing but
     # its address (the pipeliner peels the first iterations' into the prologue, where the length
     # may not have arrived yet); entries past the length only feed masked K/V loads.
-    col_next = (pos + TILE_N) // BLOCK_SIZE
+    col_next = (pos + NUM_SPLITS * TILE_N) // BLOCK_SIZE
     blk_next = tl.load(bt_row + col_next, mask=col_next < bt_cols, other=0)
     off = pos % BLOCK_SIZE
     k_off = blk[None, :] * stride_kb + off[None, :] * stride_ko + d[:, None] * stride_kd
@@ -132,12 +126,12 @@ def _attn_fwd(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq, qb_start = _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q, ONE_QBLOCK)
+    # Tiles are dealt to splits round robin (split s takes tiles s, s + S, ...), so a program's
+    # first tile is known before the sequence's length: its block ids load alongside the
+    # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    if NUM_SPLITS == 1:
-        # The first tile's block ids load alongside the lengths (the row's unused entries are in
-        # bounds and only ever feed masked K/V loads).
-        first = tl.arange(0, TILE_N) // BLOCK_SIZE
-        blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
+    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+    blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -171,24 +165,14 @@ def _attn_fwd(
         # before its first K/V load. A sequence without queries sees no keys instead.
         limit = tl.where(q_len > 0, limit, 0)
     num_tiles = tl.cdiv(limit, TILE_N)
-    # This program's tiles [lo_tile, hi_tile): a split takes a contiguous range of its sequence's
-    # tiles, so through any block table each program streams its own blocks, near each other or
-    # not. (Dealt round robin, the splits of a sequence streamed one window of adjacent tiles
-    # together: an identity table's blocks then shared DRAM rows and pages across SMs, a paged
-    # one's did not, and a random table cost up to 4% more; contiguous ranges cost it under 1%
-    # and were as fast or faster through it, results/kernels-deal-h200.md.) Its first tile's
-    # block ids wait for the length: a split needs the length to know where it starts.
-    lo_tile, hi_tile = _split_range(num_tiles, split, NUM_SPLITS)
     if NUM_SPLITS > 1:
-        first = (lo_tile * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-        blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
         if FUSED_COMBINE and num_tiles == 0 and split == 0:
             # A length-0 row (a decode graph's padding) has no split to merge: zeros, as the
             # combine kernel writes them.
             o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
             zero = tl.zeros([BLOCK_M, D_PAD], tl.float32).to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + o_off, zero, mask=row_ok[:, None] & d_ok[None, :])
-        if lo_tile >= hi_tile:
+        if split >= num_tiles:
             return
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     # One-token query blocks (decode) keep their row sums per column and sum them once after
@@ -203,23 +187,23 @@ def _attn_fwd(
     v_head = v_ptr + kvh * stride_vh
     # The block ids of a program's next tile are read during its current one, so no K/V address
     # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
-    # Two passes over one tile body: this program's tiles below the block's first query
-    # position, which every row sees whole (no causal or length mask; prefill only), then the
-    # rest of its range, masked (the block ids loaded last are those of its first tile).
-    # Decode (one query token a program) has only the masked pass, over its whole range.
+    # Two passes over one tile body: the tiles below the block's first query position, which
+    # every row sees whole (no causal or length mask; prefill only), then the rest, masked.
+    # Decode (one query token a program) has only the masked pass, from its split on.
     full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
     for masked in tl.static_range(BLOCK_Q == 1, 2):
-        lo = lo_tile
-        hi = tl.minimum(hi_tile, full)
+        lo = split
+        hi = full
         if masked:
-            hi = hi_tile
+            hi = num_tiles
             if BLOCK_Q > 1:
-                lo = tl.maximum(lo_tile, full)
-        for j in range(lo, hi):
+                # this split's first tile from `full` on (the block ids loaded last are its)
+                lo = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+        for j in range(lo, hi, NUM_SPLITS):
             m_i, l_acc, acc, blk_next = _tile(
                 j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
                 d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-                BLOCK_SIZE, BLOCK_Q, TILE_N, DOT_PREC, masked == 1,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,
             )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
@@ -244,7 +228,7 @@ def _attn_fwd(
             # second launch: every thread's stores are issued (barrier), then one acq_rel atomic
             # at GPU scope publishes them and tells this program whether it came last.
             tl.debug_barrier()
-            active = _active_splits(num_tiles, NUM_SPLITS)
+            active = tl.minimum(num_tiles, NUM_SPLITS)
             counter = counter_ptr + pid * tl.num_programs(1) + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
                 tl.store(counter, 0)  # ready for the next call (the next layer, the next step)
@@ -273,7 +257,7 @@ def _combine_splits(
     # The splits that had work, recomputed exactly as `_attn_fwd` chose them.
     # (a length-0 row, a decode graph's padding, has none and comes out as zeros)
     limit = tl.load(seq_lens_ptr + seq) - q_len + tl.minimum(qb_start + BLOCK_Q, q_len)
-    active = _active_splits(tl.cdiv(limit, TILE_N), NUM_SPLITS)
+    active = tl.minimum(tl.cdiv(limit, TILE_N), NUM_SPLITS)
     _merge_splits(
         out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1), q_begin,
         qb_start, q_len, active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD,

@@ -19,21 +19,6 @@ UNROLL_MERGE_ROWS = tl.constexpr(512)  # merges of at most this many partial row
 
 
 @triton.jit
-def _split_range(num_tiles, split, NUM_SPLITS: tl.constexpr):
-    """Tiles `[lo, hi)` of split `split`: contiguous ranges of `ceil(num_tiles / NUM_SPLITS)`
-    tiles; the last ones may be short or empty."""
-    chunk = tl.cdiv(num_tiles, NUM_SPLITS)
-    lo = split * chunk
-    return lo, tl.minimum(lo + chunk, num_tiles)
-
-
-@triton.jit
-def _active_splits(num_tiles, NUM_SPLITS: tl.constexpr):
-    """How many splits `_split_range` gives a tile (the first ones; 0 without tiles)."""
-    return tl.cdiv(num_tiles, tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), 1))
-
-
-@triton.jit
 def _merge_one(
     m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, at, s, active, row_ok,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
