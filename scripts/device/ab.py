@@ -2,40 +2,50 @@
 kernels/triton_attention.py (`git show REV:kernels/triton_attention.py > /tmp/old.py`, carried to
 the device as an untracked file). Same shapes, shipped configs and split policy, layer-stacked
 graphs as `kernels.sweep` times them, in the order old, new, new, old (means of two); each line
-also gives the largest difference between the two kernels' outputs on its first layer."""
+also gives the largest difference between the two kernels' outputs on its first layer. Through a
+random block table; `AB_TABLES=random,identity` times each shape through both, over the same
+caches."""
 
 import functools
 import importlib.util
+import os
 import sys
 
 import torch
 
 import kernels.sweep as sw
 import kernels.triton_attention as new
-from kernels.bench_timing import per_call_ms
+from kernels.bench_timing import _table, per_call_ms
 
 spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
 old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
+
+
+def ab(label, q, pools, table, lens, cu, ctx, scale, cfg) -> None:
+    stacks = {
+        name: [
+            functools.partial(m.paged_attention, q, k, v, table, lens, cu, 1, ctx, scale, None, cfg)
+            for k, v, _ in pools
+        ]
+        for name, m in (("old", old), ("new", new))
+    }
+    diff = (stacks["old"][0]().float() - stacks["new"][0]().float()).abs().max().item()
+    t = {"old": [], "new": []}
+    for name in ("old", "new", "new", "old"):
+        t[name].append(per_call_ms(stacks[name]) * 1e3)
+    o, n = sum(t["old"]) / 2, sum(t["new"]) / 2
+    print(f"{label}: old {o:6.1f} us  new {n:6.1f} us  {n / o:.3f}  max |new - old| {diff:.2e}")
+
+
+kinds = os.environ.get("AB_TABLES", "random").split(",")
 for shape in sw.SHAPES:
     for batch, ctx in sw.DECODE:
         q, pools, lens, cu, scale = sw._pools(shape, batch, ctx, torch.bfloat16)
         cfg = sw._shipped(shape, batch)
-        stacks = {
-            name: [
-                functools.partial(m.paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, None, cfg)
-                for k, v, t in pools
-            ]
-            for name, m in (("old", old), ("new", new))
-        }
-        diff = (stacks["old"][0]().float() - stacks["new"][0]().float()).abs().max().item()
-        t = {"old": [], "new": []}
-        for name in ("old", "new", "new", "old"):
-            t[name].append(per_call_ms(stacks[name]) * 1e3)
-        o, n = sum(t["old"]) / 2, sum(t["new"]) / 2
-        print(
-            f"{shape[:5]} {batch:4d} x {ctx:5d}: old {o:6.1f} us  new {n:6.1f} us  {n / o:.3f}  "
-            f"max |new - old| {diff:.2e}"
-        )
-        del q, pools, stacks
+        for kind in kinds:
+            table = pools[0][2] if kind == "random" else _table(batch, -(-ctx // 16), True, "cuda")
+            label = f"{shape[:5]} {batch:4d} x {ctx:5d} {kind:8s}"
+            ab(label, q, pools, table, lens, cu, ctx, scale, cfg)
+        del q, pools
         torch.cuda.empty_cache()

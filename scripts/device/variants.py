@@ -42,6 +42,15 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 splits shared one; the merge reads the old places: a cost only)
   counter_pad   each arrival counter in a line of its own (32 sequences' counters shared one)
   pad_both      both: is the epilogue's cost programs on different SMs writing the same lines?
+  ml_line       the maxima and row sums interleaved and stored for all BLOCK_M rows: one whole
+                128-byte line a split, one store (the merge reads the old places: a cost only)
+  xchg          the arrival counter's reset as an atomic exchange instead of a 4-byte store
+  ml_line_xchg  both
+  no_ml_xchg    no_ml with the reset as an exchange
+  acc_plus_word ws_acc_only with one more store a split: a single 4-byte word
+  acc_plus_line ws_acc_only with one more store a split: a whole 128-byte line
+                (session 10: is it stores of part of a line that cost ~1 us at 64 x 2K, as
+                the timeline's stamps, the maxima, the row sums and the counter's reset all are?)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -171,6 +180,42 @@ _COUNTER_PAD = [
         "    counters = _split_counters(q.device, grid0 * num_kv_heads) if fused else out\n",
         "    counters = _split_counters(q.device, grid0 * num_kv_heads * 32) if fused else out\n",
     ),
+]
+
+_ML_STORES = (
+    "        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n"
+    "        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n"
+)
+_ML_LINE = [  # maxima and row sums interleaved, all BLOCK_M rows: one whole 128-byte line a split
+    (
+        _ML_STORES,
+        "        ml_off = (ws + rows)[:, None] * 2 + tl.arange(0, 2)[None, :]\n"
+        "        tl.store(m_ws_ptr + ml_off, tl.join(m_i, l_i))\n",
+    ),
+    (
+        "        m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)\n",
+        "        m_ws = torch.empty((*ws, 2), dtype=torch.float32, device=q.device)\n",
+    ),
+]
+_XCHG = [  # the counter's reset as an atomic exchange, not a 4-byte store
+    (
+        "                tl.store(counter, 0)  # ready",
+        '                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready',
+    )
+]
+# ws_acc_only with one more store a split: a 4-byte word, or a whole 128-byte line
+_ACC_PLUS_WORD = [
+    *_ML_DROP,
+    ("        part_off = (ws", "        tl.store(m_ws_ptr + ws, 1.0)\n        part_off = (ws"),
+]
+_ACC_PLUS_LINE = [
+    *_ML_DROP,
+    (
+        "        part_off = (ws",
+        "        tl.store(m_ws_ptr + ws * 2 + tl.arange(0, 2 * BLOCK_M), 1.0)\n"
+        "        part_off = (ws",
+    ),
+    _ML_LINE[1],
 ]
 
 VARIANTS = {
@@ -325,6 +370,16 @@ VARIANTS = {
     "ml_pad": _ML_PAD,
     "counter_pad": _COUNTER_PAD,
     "pad_both": [*_ML_PAD, *_COUNTER_PAD],
+    "ml_line": _ML_LINE,
+    "xchg": _XCHG,
+    "ml_line_xchg": [*_ML_LINE, *_XCHG],
+    "no_ml_xchg": [
+        ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+        ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+        *_XCHG,
+    ],
+    "acc_plus_word": _ACC_PLUS_WORD,
+    "acc_plus_line": _ACC_PLUS_LINE,
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
