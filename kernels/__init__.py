@@ -135,6 +135,28 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) ->
     reference.rotary(q, k, cos, sin, positions)
 
 
+def rotary_write_kv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> None:
+    """Rotary on q and k in place and the new K/V rows into the cache, one launch on the GPU;
+    contract in `kernels.reference.rotary_write_kv`."""
+    args = (q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping)
+    if _use_triton(q):
+        from kernels.triton_fused import rotary_write_kv as triton_rotary_write_kv
+
+        triton_rotary_write_kv(*args)
+        return
+    reference.rotary_write_kv(*args)
+
+
 def silu_and_mul(x: Tensor) -> Tensor:
     """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`."""
     if _use_triton(x):
@@ -159,6 +181,7 @@ __all__ = [
     "paged_attention",
     "rms_norm",
     "rotary",
+    "rotary_write_kv",
     "sample_temperature",
     "silu_and_mul",
     "write_kv",

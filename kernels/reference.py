@@ -210,6 +210,23 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) ->
         x.copy_(torch.cat((x1 * cos_t - x2 * sin_t, x2 * cos_t + x1 * sin_t), dim=-1))
 
 
+def rotary_write_kv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> None:
+    """`rotary` of q and k in place, then `write_kv` of the rotated k and of v: what a decoder
+    layer does with a step's new K/V before attention (the Triton op does both in one launch)."""
+    rotary(q, k, cos, sin, positions)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
 def silu_and_mul(x: Tensor) -> Tensor:
     """SwiGLU activation of a fused gate/up projection: `[T, 2I]` -> `silu(x[:, :I]) * x[:, I:]`.
 

@@ -1,7 +1,10 @@
-"""Fused Triton elementwise ops of the decoder: RMSNorm (+ residual add), rotary, SiLU-and-mul.
+"""Fused Triton elementwise ops of the decoder: RMSNorm (+ residual add), rotary (+ the KV write),
+SiLU-and-mul.
 
-Same contracts as `kernels.reference.rms_norm`, `rotary` and `silu_and_mul`; each is one kernel
-launch where PyTorch runs 3 to 8 (which matters inside a replayed decode graph at batch 256).
+Same contracts as `kernels.reference.rms_norm`, `rotary`, `rotary_write_kv` and `silu_and_mul`;
+each is one kernel launch where PyTorch runs 3 to 8 (which matters inside a replayed decode graph
+at batch 256). `rotary_write_kv` also stores the new tokens' rotated K and their V rows in the
+paged cache, so the engine's layers launch no `write_kv` of their own.
 Arithmetic is in float32. `rms_norm` rounds where the reference rounds (the residual sum and the
 normalised value to the input dtype, the weighted product to the output dtype), so it differs from
 the reference only by the order of the mean's summation and the `rsqrt` approximation. `rotary`
@@ -19,6 +22,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from kernels import configs
+from kernels.triton_attention import _device_info
 
 MAX_TILE = 1024  # elements per program tile (per operand) before a kernel loops or splits
 
@@ -50,10 +57,13 @@ def _rms_norm(
 
 @triton.jit
 def _rotate_heads(
-    base_ptr, stride_h, cos, sin,
+    base_ptr, stride_h, cos, sin, cache_ptr, stride_ch, cached,
     HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
+    WRITE: tl.constexpr,
 ):  # fmt: skip
-    """Rotate the two halves of `HEADS` heads of one token, `BLOCK_H` heads at a time."""
+    """Rotate the two halves of `HEADS` heads of one token, `BLOCK_H` heads at a time; with
+    `WRITE`, also store the first `cached` rotated heads (all or none) at `cache_ptr`, heads
+    `stride_ch` apart."""
     d = tl.arange(0, HALF_PAD)[None, :]
     for h0 in tl.static_range(0, HEADS, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)[:, None]
@@ -61,26 +71,73 @@ def _rotate_heads(
         at = base_ptr + h * stride_h + d
         x1 = tl.load(at, mask=mask).to(tl.float32)
         x2 = tl.load(at + HALF, mask=mask).to(tl.float32)
-        tl.store(at, (x1 * cos - x2 * sin).to(base_ptr.dtype.element_ty), mask=mask)
-        tl.store(at + HALF, (x2 * cos + x1 * sin).to(base_ptr.dtype.element_ty), mask=mask)
+        y1 = (x1 * cos - x2 * sin).to(base_ptr.dtype.element_ty)
+        y2 = (x2 * cos + x1 * sin).to(base_ptr.dtype.element_ty)
+        tl.store(at, y1, mask=mask)
+        tl.store(at + HALF, y2, mask=mask)
+        if WRITE:  # the rotated row as stored, then in the cache's dtype (rotary, then write_kv)
+            c_at = cache_ptr + h * stride_ch + d
+            c_mask = (h < cached) & (d < HALF)
+            tl.store(c_at, y1.to(cache_ptr.dtype.element_ty), mask=c_mask)
+            tl.store(c_at + HALF, y2.to(cache_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _copy_heads(
+    src_ptr, stride_h, dst_ptr, stride_dh, cached,
+    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
+):  # fmt: skip
+    """Store the first `cached` of `HEADS` heads of one token at `dst_ptr`, in its dtype, two
+    halves at a time."""
+    d = tl.arange(0, HALF_PAD)[None, :]
+    for h0 in tl.static_range(0, HEADS, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)[:, None]
+        mask = (h < cached) & (d < HALF)
+        at = src_ptr + h * stride_h + d
+        to = dst_ptr + h * stride_dh + d
+        tl.store(to, tl.load(at, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)
+        tl.store(to + HALF, tl.load(at + HALF, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rotary(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh,
+    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
     Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
     Q_BLOCK_H: tl.constexpr, K_BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, WRITE_KV: tl.constexpr, TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    if TRIGGER:  # sm_90+: a programmatically launched attention may start its prologue now
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     d = tl.arange(0, HALF_PAD)
     cos = tl.load(cos_ptr + pos * HALF + d, mask=d < HALF).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + pos * HALF + d, mask=d < HALF).to(tl.float32)[None, :]
     q_row = q_ptr + token * stride_qt
-    _rotate_heads(q_row, stride_qh, cos, sin, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD)
+    _rotate_heads(
+        q_row, stride_qh, cos, sin, q_row, 0, 0, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD, False
+    )  # fmt: skip
     k_row = k_ptr + token * stride_kt
-    _rotate_heads(k_row, stride_kh, cos, sin, K_HEADS, HALF, K_BLOCK_H, HALF_PAD)
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        cached = tl.where(slot >= 0, K_HEADS, 0)  # a slot < 0 is padding: stored nowhere
+        block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        k_at = k_cache_ptr + block * stride_kcb + offset * stride_kco
+        _rotate_heads(
+            k_row, stride_kh, cos, sin, k_at, stride_kch, cached, K_HEADS, HALF, K_BLOCK_H,
+            HALF_PAD, True,
+        )  # fmt: skip
+        v_at = v_cache_ptr + block * stride_vcb + offset * stride_vco
+        _copy_heads(
+            v_ptr + token * stride_vt, stride_vh, v_at, stride_vch, cached, K_HEADS, HALF,
+            K_BLOCK_H, HALF_PAD,
+        )  # fmt: skip
+    else:
+        _rotate_heads(
+            k_row, stride_kh, cos, sin, k_row, 0, 0, K_HEADS, HALF, K_BLOCK_H, HALF_PAD, False
+        )  # fmt: skip
 
 
 @triton.jit
@@ -170,6 +227,39 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) ->
     dtype) by at most those intermediate roundings. q and k may be strided views (last axis
     contiguous); cos and sin are contiguous `[max_positions, D // 2]` tables.
     """
+    _rotary_launch(q, k, cos, sin, positions, None)
+
+
+def rotary_write_kv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    release_dependents: bool | None = None,
+) -> None:
+    """`rotary` of q and k, and each token's rotated K and its V row stored at its cache slot
+    (`slot < 0`: nowhere), in one launch; see the reference op. The caches may be strided views
+    (`[num_blocks, block_size, Hkv, D]`, last axis contiguous: head-major storage is a view).
+
+    `release_dependents` (sm_90+ only; default: whether the shipped decode configs use a
+    programmatic launch) lets a programmatically launched kernel after this one start at once.
+    """
+    assert v.shape == k.shape and v.stride(-1) == 1
+    assert k_cache.shape[2:] == k.shape[1:] and v_cache.shape == k_cache.shape
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    capability = _device_info(k_cache.device)[0]
+    if release_dependents is None:
+        release_dependents = configs.uses_pdl(capability)
+    release = release_dependents and configs.pdl_capable(capability)
+    _rotary_launch(q, k, cos, sin, positions, (v, k_cache, v_cache, slot_mapping), release)
+
+
+def _rotary_launch(q, k, cos, sin, positions, kv, release: bool = False) -> None:
     num_tokens, q_heads, head_dim = q.shape
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim and head_dim % 2 == 0
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and q.dtype == k.dtype
@@ -177,9 +267,18 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) ->
     if num_tokens == 0:
         return
     meta = rotary_launch(q_heads, k.shape[1], head_dim)
+    if kv is None:
+        v = k_cache = v_cache = slots = None
+        strides, block_size = (0,) * 8, 1
+    else:
+        v, k_cache, v_cache, slots = kv
+        strides = (*v.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3])
+        block_size = k_cache.shape[1]
     _rotary[(num_tokens,)](
-        q, k, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1), **meta
-    )
+        q, k, cos, sin, positions, v, k_cache, v_cache, slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), *strides,
+        BLOCK_SIZE=block_size, WRITE_KV=kv is not None, TRIGGER=release, **meta,
+    )  # fmt: skip
 
 
 def silu_and_mul(x: Tensor) -> Tensor:

@@ -108,6 +108,45 @@ def check_rotary(q: Tensor, k: Tensor, qkv: Tensor, cos: Tensor, sin: Tensor, po
     assert torch.equal(qkv[~rotated], before[~rotated])
 
 
+def check_rotary_write_kv(
+    tokens: int,
+    heads: tuple[int, int],
+    head_dim: int,
+    dtype: torch.dtype,
+    head_major: bool,
+    device: str = "cpu",
+) -> None:
+    """Fused rotary + KV write == `tf.rotary`, then the reference `write_kv` of the rotated k
+    and of v, bit for bit: q and k rotated in place, each kept slot's K/V row in the cache, the
+    padding slots (-1) and every other cache entry untouched (NaN before and after)."""
+    q, k, qkv = qkv_views(tokens, heads, head_dim, dtype, seed=tokens + heads[0], device=device)
+    q_size, kv_size = heads[0] * head_dim, heads[1] * head_dim
+    v = qkv[:, q_size + kv_size : q_size + 2 * kv_size].view(tokens, heads[1], head_dim)
+    num_blocks, block_size = 5, 16
+    if head_major:  # stored [blocks, heads, block_size, D], seen as [blocks, block_size, heads, D]
+        store = torch.full((2, num_blocks, heads[1], block_size, head_dim), float("nan"))
+        caches = store.to(device, dtype).transpose(2, 3)
+    else:
+        caches = torch.full((2, num_blocks, block_size, heads[1], head_dim), float("nan"))
+        caches = caches.to(device, dtype)
+    gen = torch.Generator().manual_seed(tokens)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[::3] = -1  # padding rows
+    slots = slots.to(device)
+    cos, sin = rope_tables(head_dim, 1000, dtype, device=device)
+    pos = torch.randint(0, 1000, (tokens,), generator=gen).to(device)
+    want_qkv, want_caches = qkv.clone(), caches.clone()
+    want_q, want_k = same_view(q, qkv, want_qkv), same_view(k, qkv, want_qkv)
+    want_v = same_view(v, qkv, want_qkv)
+    tf.rotary(want_q, want_k, cos, sin, pos)
+    reference.write_kv(want_k, want_v, want_caches[0], want_caches[1], slots)
+    tf.rotary_write_kv(q, k, v, cos, sin, pos, caches[0], caches[1], slots)
+    assert torch.equal(qkv, want_qkv)
+    torch.testing.assert_close(caches, want_caches, rtol=0, atol=0, equal_nan=True)
+    written = int((~caches[0].isnan()).all(-1).sum())
+    assert written == int((slots >= 0).sum()) * heads[1]
+
+
 def check_silu(x: Tensor) -> None:
     """Triton SiLU-and-mul == float64 rounded once, and within 3 roundings of the reference."""
     got, ref = tf.silu_and_mul(x), reference.silu_and_mul(x)
@@ -233,6 +272,46 @@ def test_interp_rotary_in_place_on_qkv_views(
 
 @interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("heads", "head_dim"), [((14, 2), 64), ((9, 3), 24)])
+@pytest.mark.parametrize("head_major", [False, True])
+def test_interp_rotary_write_kv_is_rotary_then_write_kv(
+    heads: tuple[int, int], head_dim: int, dtype: torch.dtype, head_major: bool
+) -> None:
+    check_rotary_write_kv(7, heads, head_dim, dtype, head_major)
+
+
+@interp
+def test_interp_rotary_write_kv_dispatch_and_empty_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, qkv = qkv_views(0, (2, 1), 64, torch.float32, seed=0)
+    caches = torch.zeros(2, 2, 16, 1, 64)
+    tables = rope_tables(64, 8, torch.float32)
+    empty = torch.zeros(0, dtype=torch.int64)
+    tf.rotary_write_kv(q, k, k, *tables, empty, caches[0], caches[1], empty)
+    assert not caches.any()
+    # float16 rotary rounds differently in the two backends: the outputs tell which one ran
+    q, k, qkv = qkv_views(3, (2, 1), 64, torch.float16, seed=2)
+    v = qkv[:, 3 * 64 : 4 * 64].view(3, 1, 64)
+    tables, pos, slots = rope_tables(64, 8, torch.float16), torch.tensor([7, 0, 3]), torch.arange(3)
+
+    def run(op) -> tuple[Tensor, Tensor]:
+        buf, cache = qkv.clone(), torch.zeros(2, 1, 16, 1, 64, dtype=torch.float16)
+        views = [same_view(t, qkv, buf) for t in (q, k, v)]
+        op(*views, *tables, pos, cache[0], cache[1], slots)
+        return buf, cache
+
+    runs = {}
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("PAGEDCTL_KERNELS", backend)
+        runs[backend] = run(kernels.rotary_write_kv)
+    for got, want in zip(runs["triton"], run(tf.rotary_write_kv), strict=True):
+        assert torch.equal(got, want)
+    for got, want in zip(runs["reference"], run(reference.rotary_write_kv), strict=True):
+        assert torch.equal(got, want)
+    assert not torch.equal(runs["triton"][1], runs["reference"][1])
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("size", [40, 1100])
 def test_interp_silu_and_mul_matches_reference(size: int, dtype: torch.dtype) -> None:
     check_silu(randn(4, 2 * size, dtype=dtype, seed=size))
@@ -305,7 +384,14 @@ def test_fused_kernels_compile_for_sm75_and_sm90(cc: int, dtype: str) -> None:
         _compile(tf._rms_norm, _pointers("x_ptr w_ptr out_ptr", dtype), consts, cc, opts)
         consts, opts = _launch(tf.rotary_launch(heads, kv_heads, head_dim))
         ptrs = {**_pointers("q_ptr k_ptr cos_ptr sin_ptr", dtype), "pos_ptr": "*i64"}
-        _compile(tf._rotary, ptrs, consts, cc, opts)
+        unused = dict.fromkeys(["v_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr"])
+        _compile(
+            tf._rotary, ptrs, {**consts, **unused, "BLOCK_SIZE": 1, "WRITE_KV": False,
+                               "TRIGGER": False}, cc, opts,
+        )  # fmt: skip
+        consts.update(BLOCK_SIZE=16, WRITE_KV=True, TRIGGER=cc >= 90)
+        ptrs.update(_pointers("v_ptr k_cache_ptr v_cache_ptr", dtype), slot_ptr="*i64")
+        _compile(tf._rotary, ptrs, consts, cc, opts)  # with the KV write (engine layers)
         consts, opts = _launch(tf.silu_and_mul_launch(inter))
         _compile(tf._silu_and_mul, _pointers("x_ptr out_ptr", dtype), consts, cc, opts)
 
@@ -354,6 +440,8 @@ def test_gpu_fused_ops_match_reference(tokens: int, dtype: torch.dtype) -> None:
     pos = torch.randint(0, 32768, (tokens,), device=dev)
     check_rotary(q, k, qkv, cos, sin, pos)
     check_silu(randn(tokens, 2 * 4864, dtype=dtype, seed=tokens, device=dev))
+    for head_major in (False, True):
+        check_rotary_write_kv(min(tokens, 80), (14, 2), 64, dtype, head_major, device=dev)
 
 
 @gpu
