@@ -51,6 +51,16 @@ that work costs, nothing more. Each line gives the largest difference from the s
   acc_plus_line ws_acc_only with one more store a split: a whole 128-byte line
                 (session 10: is it stores of part of a line that cost ~1 us at 64 x 2K, as
                 the timeline's stamps, the maxima, the row sums and the counter's reset all are?)
+  acc_plus_m    ws_acc_only with the maxima stored too (values the loop computed; the word of
+                acc_plus_word is a constant)
+  ml_after      the shipped kernel with the maxima and row sums stored after the output rows
+  ws_only_after ws_only with the maxima and row sums stored after the output rows
+  m_in_loop     the shipped kernel storing its maxima inside the loop after every tile (the last
+                store is the final maximum), so none is live after the loop (correct)
+  reg80, reg72  the shipped kernel with at most 80 or 72 registers a thread (`maxnreg`)
+  merge_noinline the shipped kernel with the fused merge a function Triton does not inline
+                (the whole epilogue cannot be one: Triton passes only scalars to a function it
+                does not inline, and the epilogue takes the loop's tensors)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
 (A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
@@ -76,14 +86,17 @@ from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
 import kernels.sweep as sw
 from kernels.bench_timing import _table, per_call_ms
 
-_ML_DROP = [  # partials of the output rows only: no maxima, row sums, barrier, atomic
-    ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
-    ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+_NO_MERGE_PATH = [  # partials stored, no barrier, atomic or merge
     ("            tl.debug_barrier()\n", ""),
     (
         'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
         "if NUM_SPLITS < 0:",
     ),
+]
+_ML_DROP = [  # partials of the output rows only: no maxima, row sums, barrier, atomic
+    ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+    ("        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n", ""),
+    *_NO_MERGE_PATH,
 ]
 
 # one allocation for the split workspace (and, kept, zeroed counters at its end), as views
@@ -218,6 +231,70 @@ _ACC_PLUS_LINE = [
     _ML_LINE[1],
 ]
 
+_ACC_STORE = (
+    "        tl.store(acc_ws_ptr + part_off, out.to(acc_ws_ptr.dtype.element_ty), mask=o_mask)\n"
+)
+# the maxima and row sums stored after the output rows instead of before them
+_ML_AFTER = [(_ML_STORES, ""), (_ACC_STORE, _ACC_STORE + _ML_STORES)]
+# ws_acc_only with the maxima alone stored (a value the loop computed, where a constant is free)
+_ACC_PLUS_M = _ML_DROP[1:]
+
+# The fused merge as a function of its own that Triton does not inline (`noinline=True`): is the
+# loop's schedule what the ~1 us follows? ptxas schedules the loop with whatever the code after
+# it keeps live (`acc_plus_m`'s loop differs from `ws_acc_only`'s).
+_MERGE_NOINLINE_DEF = """@triton.jit(noinline=True)
+def _merge_noinline(
+    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, num_kv_heads, q_begin, qb_start, q_len,
+    active, stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    _merge_splits(
+        out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, num_kv_heads, q_begin, qb_start,
+        q_len, active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD, BLOCK_Q,
+        BLOCK_M, NUM_SPLITS,
+    )
+
+
+"""
+_MERGE_NOINLINE = [
+    ("                _merge_splits(\n", "                _merge_noinline(\n"),
+    ("@triton.jit\ndef _attn_fwd(\n", _MERGE_NOINLINE_DEF + "@triton.jit\ndef _attn_fwd(\n"),
+]
+# the maxima stored inside the loop after every tile (the last store is the final maximum), so
+# they are not live after it, as in ws_acc_only's loop (correct: a candidate)
+_M_IN_LOOP = [
+    ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+    (
+        "    full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)\n",
+        "    full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)\n"
+        "    ws_m = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split)\n"
+        "    ws_m = ws_m * BLOCK_M\n",
+    ),
+    (
+        "                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,\n"
+        "            )  # fmt: skip\n",
+        "                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,\n"
+        "            )  # fmt: skip\n"
+        "            if NUM_SPLITS > 1:\n"
+        "                tl.store(m_ws_ptr + ws_m + rows, m_i, mask=row_ok)\n",
+    ),
+]
+
+
+def _maxnreg(n: int) -> list[tuple[str, str]]:
+    """The shipped kernel compiled with at most `n` registers a thread (ptxas then schedules the
+    loop anew; 86 without a cap on sm_90, 80 for ws_acc_only)."""
+    return [
+        (
+            "        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,\n"
+            "    )  # fmt: skip\n    if splits > 1 and not fused:",
+            f"        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg={n}, **consts,\n"
+            "    )  # fmt: skip\n    if splits > 1 and not fused:",
+        )
+    ]
+
+
 VARIANTS = {
     "arith_table": [
         (
@@ -263,13 +340,7 @@ VARIANTS = {
             "        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)\n",
         )
     ],
-    "ws_only": [
-        ("            tl.debug_barrier()\n", ""),
-        (
-            'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
-            "if NUM_SPLITS < 0:",
-        ),
-    ],
+    "ws_only": _NO_MERGE_PATH,
     "no_epilogue_bar": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
         (
@@ -380,6 +451,13 @@ VARIANTS = {
     ],
     "acc_plus_word": _ACC_PLUS_WORD,
     "acc_plus_line": _ACC_PLUS_LINE,
+    "acc_plus_m": _ACC_PLUS_M,
+    "ml_after": _ML_AFTER,
+    "ws_only_after": [*_NO_MERGE_PATH, *_ML_AFTER],
+    "merge_noinline": _MERGE_NOINLINE,
+    "m_in_loop": _M_IN_LOOP,
+    "reg80": _maxnreg(80),
+    "reg72": _maxnreg(72),
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
