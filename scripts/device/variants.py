@@ -57,6 +57,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
   ws_only_after ws_only with the maxima and row sums stored after the output rows
   m_in_loop     the shipped kernel storing its maxima inside the loop after every tile (the last
                 store is the final maximum), so none is live after the loop (correct)
+  m_in_acc      decode splits repeat the group's query rows in the dots' padding rows and keep
+                the running maxima in those rows of the output accumulator, where the split
+                stores them from: the maxima are dead after the loop (correct)
   reg80, reg72  the shipped kernel with at most 80 or 72 registers a thread (`maxnreg`)
   merge_noinline the shipped kernel with the fused merge a function Triton does not inline
                 (the whole epilogue cannot be one: Triton passes only scalars to a function it
@@ -295,6 +298,47 @@ def _maxnreg(n: int) -> list[tuple[str, str]]:
     ]
 
 
+# Decode with splits: rows BLOCK_M / 2 ... repeat the GQA group's query rows (the dots pad the
+# group to BLOCK_M rows anyway), and after every tile those rows of the output accumulator take the
+# running maxima; the split stores its maxima from there, so the maxima themselves are dead after
+# the loop, as in ws_acc_only (correct: a candidate; groups of at most BLOCK_M / 2 heads)
+_M_IN_ACC = [
+    (
+        "    tok = qb_start + rows // GROUP\n"
+        "    head = kvh * GROUP + rows % GROUP\n"
+        "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n",
+        "    DUP: tl.constexpr = (BLOCK_Q == 1) and (NUM_SPLITS > 1) and (2 * GROUP <= BLOCK_M)\n"
+        "    src = rows\n"
+        "    if DUP:\n"
+        "        src = rows % (BLOCK_M // 2)\n"
+        "    tok = qb_start + src // GROUP\n"
+        "    head = kvh * GROUP + src % GROUP\n"
+        "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n"
+        "    q_ok = (src < BLOCK_Q * GROUP) & (tok < q_len)\n",
+    ),
+    (
+        "    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)\n",
+        "    q = tl.load(q_ptr + q_off, mask=q_ok[:, None] & d_ok[None, :], other=0.0)\n",
+    ),
+    (
+        "                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,\n"
+        "            )  # fmt: skip\n",
+        "                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,\n"
+        "            )  # fmt: skip\n"
+        "            if DUP:\n"
+        "                acc = tl.where((rows >= BLOCK_M // 2)[:, None], m_i[:, None], acc)\n",
+    ),
+    (
+        "        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n",
+        "        if DUP:\n"
+        "            m_at = m_ws_ptr + ws + (rows - BLOCK_M // 2)[:, None] + 0 * d[None, :]\n"
+        "            m_ok = (rows >= BLOCK_M // 2) & (rows - BLOCK_M // 2 < GROUP)\n"
+        "            tl.store(m_at, acc, mask=m_ok[:, None] & (d == 0)[None, :])\n"
+        "        else:\n"
+        "            tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n",
+    ),
+]
+
 VARIANTS = {
     "arith_table": [
         (
@@ -458,6 +502,7 @@ VARIANTS = {
     "m_in_loop": _M_IN_LOOP,
     "reg80": _maxnreg(80),
     "reg72": _maxnreg(72),
+    "m_in_acc": _M_IN_ACC,
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
