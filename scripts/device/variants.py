@@ -60,6 +60,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
   m_in_acc      decode splits repeat the group's query rows in the dots' padding rows and keep
                 the running maxima in those rows of the output accumulator, where the split
                 stores them from: the maxima are dead after the loop (correct)
+  unroll2       the shipped kernel with its tile loop unrolled twice (`tl.range(...,
+                loop_unroll_factor=2)`): another schedule of the same code (correct)
   reg80, reg72  the shipped kernel with at most 80 or 72 registers a thread (`maxnreg`)
   merge_noinline the shipped kernel with the fused merge a function Triton does not inline
                 (the whole epilogue cannot be one: Triton passes only scalars to a function it
@@ -503,6 +505,12 @@ VARIANTS = {
     "reg80": _maxnreg(80),
     "reg72": _maxnreg(72),
     "m_in_acc": _M_IN_ACC,
+    "unroll2": [
+        (
+            "        for j in range(lo, hi, NUM_SPLITS):\n",
+            "        for j in tl.range(lo, hi, NUM_SPLITS, loop_unroll_factor=2):\n",
+        )
+    ],
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
