@@ -71,11 +71,14 @@ def _rotate_heads(
         at = base_ptr + h * stride_h + d
         x1 = tl.load(at, mask=mask).to(tl.float32)
         x2 = tl.load(at + HALF, mask=mask).to(tl.float32)
-        y1 = (x1 * cos - x2 * sin).to(base_ptr.dtype.element_ty)
-        y2 = (x2 * cos + x1 * sin).to(base_ptr.dtype.element_ty)
-        tl.store(at, y1, mask=mask)
-        tl.store(at + HALF, y2, mask=mask)
-        if WRITE:  # the rotated row as stored, then in the cache's dtype (rotary, then write_kv)
+        if not WRITE:
+            tl.store(at, (x1 * cos - x2 * sin).to(base_ptr.dtype.element_ty), mask=mask)
+            tl.store(at + HALF, (x2 * cos + x1 * sin).to(base_ptr.dtype.element_ty), mask=mask)
+        else:  # the rotated row as stored, then in the cache's dtype (rotary, then write_kv)
+            y1 = (x1 * cos - x2 * sin).to(base_ptr.dtype.element_ty)
+            y2 = (x2 * cos + x1 * sin).to(base_ptr.dtype.element_ty)
+            tl.store(at, y1, mask=mask)
+            tl.store(at + HALF, y2, mask=mask)
             c_at = cache_ptr + h * stride_ch + d
             c_mask = (h < cached) & (d < HALF)
             tl.store(c_at, y1.to(cache_ptr.dtype.element_ty), mask=c_mask)
@@ -100,44 +103,64 @@ def _copy_heads(
 
 
 @triton.jit
-def _rotary(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
-    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    Q_BLOCK_H: tl.constexpr, K_BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, WRITE_KV: tl.constexpr, TRIGGER: tl.constexpr,
-):  # fmt: skip
-    if TRIGGER:  # sm_90+: a programmatically launched attention may start its prologue now
-        gdc_launch_dependents()
-    token = tl.program_id(0).to(tl.int64)
+def _rotary_cos_sin(cos_ptr, sin_ptr, pos_ptr, token, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """The cos and sin rows `[1, HALF_PAD]` (float32) of token `token`'s position."""
     pos = tl.load(pos_ptr + token).to(tl.int64)
     d = tl.arange(0, HALF_PAD)
     cos = tl.load(cos_ptr + pos * HALF + d, mask=d < HALF).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + pos * HALF + d, mask=d < HALF).to(tl.float32)[None, :]
+    return cos, sin
+
+
+@triton.jit
+def _rotary(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh,
+    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    Q_BLOCK_H: tl.constexpr, K_BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    cos, sin = _rotary_cos_sin(cos_ptr, sin_ptr, pos_ptr, token, HALF, HALF_PAD)
     q_row = q_ptr + token * stride_qt
     _rotate_heads(
         q_row, stride_qh, cos, sin, q_row, 0, 0, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD, False
     )  # fmt: skip
     k_row = k_ptr + token * stride_kt
-    if WRITE_KV:
-        slot = tl.load(slot_ptr + token).to(tl.int64)
-        cached = tl.where(slot >= 0, K_HEADS, 0)  # a slot < 0 is padding: stored nowhere
-        block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-        k_at = k_cache_ptr + block * stride_kcb + offset * stride_kco
-        _rotate_heads(
-            k_row, stride_kh, cos, sin, k_at, stride_kch, cached, K_HEADS, HALF, K_BLOCK_H,
-            HALF_PAD, True,
-        )  # fmt: skip
-        v_at = v_cache_ptr + block * stride_vcb + offset * stride_vco
-        _copy_heads(
-            v_ptr + token * stride_vt, stride_vh, v_at, stride_vch, cached, K_HEADS, HALF,
-            K_BLOCK_H, HALF_PAD,
-        )  # fmt: skip
-    else:
-        _rotate_heads(
-            k_row, stride_kh, cos, sin, k_row, 0, 0, K_HEADS, HALF, K_BLOCK_H, HALF_PAD, False
-        )  # fmt: skip
+    _rotate_heads(
+        k_row, stride_kh, cos, sin, k_row, 0, 0, K_HEADS, HALF, K_BLOCK_H, HALF_PAD, False
+    )  # fmt: skip
+
+
+@triton.jit
+def _rotary_write_kv(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
+    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    Q_BLOCK_H: tl.constexpr, K_BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TRIGGER: tl.constexpr,
+):  # fmt: skip
+    if TRIGGER:  # sm_90+: a programmatically launched attention may start its prologue now
+        gdc_launch_dependents()
+    token = tl.program_id(0).to(tl.int64)
+    cos, sin = _rotary_cos_sin(cos_ptr, sin_ptr, pos_ptr, token, HALF, HALF_PAD)
+    q_row = q_ptr + token * stride_qt
+    _rotate_heads(
+        q_row, stride_qh, cos, sin, q_row, 0, 0, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD, False
+    )  # fmt: skip
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    cached = tl.where(slot >= 0, K_HEADS, 0)  # a slot < 0 is padding: stored nowhere
+    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    k_at = k_cache_ptr + block * stride_kcb + offset * stride_kco
+    _rotate_heads(
+        k_ptr + token * stride_kt, stride_kh, cos, sin, k_at, stride_kch, cached, K_HEADS, HALF,
+        K_BLOCK_H, HALF_PAD, True,
+    )  # fmt: skip
+    v_at = v_cache_ptr + block * stride_vcb + offset * stride_vco
+    _copy_heads(
+        v_ptr + token * stride_vt, stride_vh, v_at, stride_vch, cached, K_HEADS, HALF, K_BLOCK_H,
+        HALF_PAD,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -227,7 +250,13 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) ->
     dtype) by at most those intermediate roundings. q and k may be strided views (last axis
     contiguous); cos and sin are contiguous `[max_positions, D // 2]` tables.
     """
-    _rotary_launch(q, k, cos, sin, positions, None)
+    num_tokens, q_heads, head_dim = _check_rotary(q, k, cos, sin)
+    if num_tokens == 0:
+        return
+    meta = rotary_launch(q_heads, k.shape[1], head_dim)
+    _rotary[(num_tokens,)](
+        q, k, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1), **meta
+    )
 
 
 def rotary_write_kv(
@@ -256,29 +285,25 @@ def rotary_write_kv(
     if release_dependents is None:
         release_dependents = configs.uses_pdl(capability)
     release = release_dependents and configs.pdl_capable(capability)
-    _rotary_launch(q, k, cos, sin, positions, (v, k_cache, v_cache, slot_mapping), release)
+    num_tokens, q_heads, head_dim = _check_rotary(q, k, cos, sin)
+    if num_tokens == 0:
+        return
+    meta = rotary_launch(q_heads, k.shape[1], head_dim)
+    _rotary_write_kv[(num_tokens,)](
+        q, k, cos, sin, positions, v, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), *v.stride()[:2],
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        BLOCK_SIZE=k_cache.shape[1], TRIGGER=release, **meta,
+    )  # fmt: skip
 
 
-def _rotary_launch(q, k, cos, sin, positions, kv, release: bool = False) -> None:
+def _check_rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[int, int, int]:
+    """(tokens, q heads, head_dim) of a rotary call, its operands checked."""
     num_tokens, q_heads, head_dim = q.shape
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim and head_dim % 2 == 0
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and q.dtype == k.dtype
     assert cos.shape[-1] == head_dim // 2 and cos.is_contiguous() and sin.is_contiguous()
-    if num_tokens == 0:
-        return
-    meta = rotary_launch(q_heads, k.shape[1], head_dim)
-    if kv is None:
-        v = k_cache = v_cache = slots = None
-        strides, block_size = (0,) * 8, 1
-    else:
-        v, k_cache, v_cache, slots = kv
-        strides = (*v.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3])
-        block_size = k_cache.shape[1]
-    _rotary[(num_tokens,)](
-        q, k, cos, sin, positions, v, k_cache, v_cache, slots,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), *strides,
-        BLOCK_SIZE=block_size, WRITE_KV=kv is not None, TRIGGER=release, **meta,
-    )  # fmt: skip
+    return num_tokens, q_heads, head_dim
 
 
 def silu_and_mul(x: Tensor) -> Tensor:

@@ -384,14 +384,10 @@ def test_fused_kernels_compile_for_sm75_and_sm90(cc: int, dtype: str) -> None:
         _compile(tf._rms_norm, _pointers("x_ptr w_ptr out_ptr", dtype), consts, cc, opts)
         consts, opts = _launch(tf.rotary_launch(heads, kv_heads, head_dim))
         ptrs = {**_pointers("q_ptr k_ptr cos_ptr sin_ptr", dtype), "pos_ptr": "*i64"}
-        unused = dict.fromkeys(["v_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr"])
-        _compile(
-            tf._rotary, ptrs, {**consts, **unused, "BLOCK_SIZE": 1, "WRITE_KV": False,
-                               "TRIGGER": False}, cc, opts,
-        )  # fmt: skip
-        consts.update(BLOCK_SIZE=16, WRITE_KV=True, TRIGGER=cc >= 90)
+        _compile(tf._rotary, ptrs, consts, cc, opts)
+        consts.update(BLOCK_SIZE=16, TRIGGER=cc >= 90)
         ptrs.update(_pointers("v_ptr k_cache_ptr v_cache_ptr", dtype), slot_ptr="*i64")
-        _compile(tf._rotary, ptrs, consts, cc, opts)  # with the KV write (engine layers)
+        _compile(tf._rotary_write_kv, ptrs, consts, cc, opts)
         consts, opts = _launch(tf.silu_and_mul_launch(inter))
         _compile(tf._silu_and_mul, _pointers("x_ptr out_ptr", dtype), consts, cc, opts)
 
