@@ -41,3 +41,20 @@ def test_a_stale_anchor_fails_loudly(device_scripts) -> None:
     edited_copy = device_scripts[3]
     with pytest.raises(AssertionError, match="anchor not unique"):
         edited_copy("stale", [("this text is not in the kernel", "")])
+
+
+def test_w1_probe_runs_the_bench_side_and_splits_its_steps(tmp_path: Path) -> None:
+    """`w1_probe.py` on the CPU-sized W1 (the bundled model): the JSON it writes on the device."""
+    import json
+    import subprocess
+
+    out = tmp_path / "w1.json"
+    subprocess.run(
+        [sys.executable, str(DEVICE / "w1_probe.py"), str(out), "recipes/nano-bench-cpu.yaml"],
+        check=True, cwd=DEVICE.parents[1], capture_output=True, timeout=600,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["output_tok_s"] > 0 and result["plain"]["wall_s"] > 0
+    assert result["jit_misses_inside_timed_generate"] == []  # the CPU path runs no Triton
+    steps = result["synchronised"]["steps"]
+    assert steps.get("eager", 0) > 0 and set(result["synchronised"]["ms_by_kind"]) == set(steps)
