@@ -103,13 +103,22 @@ def _copy_heads(
 
 
 @triton.jit
-def _rotary_cos_sin(cos_ptr, sin_ptr, pos_ptr, token, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
-    """The cos and sin rows `[1, HALF_PAD]` (float32) of token `token`'s position."""
+def _rotary_token_q(
+    q_ptr, cos_ptr, sin_ptr, pos_ptr, stride_qt, stride_qh,
+    Q_HEADS: tl.constexpr, HALF: tl.constexpr, Q_BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
+):  # fmt: skip
+    """This program's token: its q heads rotated in place; returns (token, cos, sin), the cos
+    and sin rows `[1, HALF_PAD]` (float32) of its position, for its k heads."""
+    token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     d = tl.arange(0, HALF_PAD)
     cos = tl.load(cos_ptr + pos * HALF + d, mask=d < HALF).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + pos * HALF + d, mask=d < HALF).to(tl.float32)[None, :]
-    return cos, sin
+    q_row = q_ptr + token * stride_qt
+    _rotate_heads(
+        q_row, stride_qh, cos, sin, q_row, 0, 0, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD, False
+    )  # fmt: skip
+    return token, cos, sin
 
 
 @triton.jit
@@ -119,11 +128,8 @@ def _rotary(
     Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
     Q_BLOCK_H: tl.constexpr, K_BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0).to(tl.int64)
-    cos, sin = _rotary_cos_sin(cos_ptr, sin_ptr, pos_ptr, token, HALF, HALF_PAD)
-    q_row = q_ptr + token * stride_qt
-    _rotate_heads(
-        q_row, stride_qh, cos, sin, q_row, 0, 0, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD, False
+    token, cos, sin = _rotary_token_q(
+        q_ptr, cos_ptr, sin_ptr, pos_ptr, stride_qt, stride_qh, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD
     )  # fmt: skip
     k_row = k_ptr + token * stride_kt
     _rotate_heads(
@@ -142,11 +148,8 @@ def _rotary_write_kv(
 ):  # fmt: skip
     if TRIGGER:  # sm_90+: a programmatically launched attention may start its prologue now
         gdc_launch_dependents()
-    token = tl.program_id(0).to(tl.int64)
-    cos, sin = _rotary_cos_sin(cos_ptr, sin_ptr, pos_ptr, token, HALF, HALF_PAD)
-    q_row = q_ptr + token * stride_qt
-    _rotate_heads(
-        q_row, stride_qh, cos, sin, q_row, 0, 0, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD, False
+    token, cos, sin = _rotary_token_q(
+        q_ptr, cos_ptr, sin_ptr, pos_ptr, stride_qt, stride_qh, Q_HEADS, HALF, Q_BLOCK_H, HALF_PAD
     )  # fmt: skip
     slot = tl.load(slot_ptr + token).to(tl.int64)
     cached = tl.where(slot >= 0, K_HEADS, 0)  # a slot < 0 is padding: stored nowhere
