@@ -35,9 +35,6 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 of one allocation per call (one memory page instead of three, where it fits)
   one_buf       as one_ws, kept across calls, with the arrival counters in the same buffer
   l_only        the shipped kernel without the maxima's store (the merge reads stale maxima)
-  lse           each split stores one log-sum-exp a row (max + log2 of its row sum) instead of
-                its maximum and row sum, and the fused merge weights by it: one store and one
-                load stream fewer, the same output (a candidate, checked in the interpreter)
   ml_pad        the maxima and row sums of each split in a 128-byte line of their own (two
                 splits shared one; the merge reads the old places: a cost only)
   counter_pad   each arrival counter in a line of its own (32 sequences' counters shared one)
@@ -68,13 +65,17 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 does not inline, and the epilogue takes the loop's tensors)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
 
-(A fourth copy, run once in session 8 and not kept, had the last split skip a round trip: every
-split stored its partial, then read its counter with acquire; one that found every other split
-arrived merged at once from its registers and their partials, the others published as before. It
-was 0-5% slower everywhere it split: results/kernels-variants-h200.txt. A fifth, block ids read
-two of a split's tiles ahead instead of one, was dropped before it ran: with that second-order
-loop-carried chain Triton 3.6's pipeliner gives up on cp.async (no LDGSTS in the sm_90 loop, K/V
-loaded straight to registers), so it would have timed the pipeliner's absence, not the lookahead.)
+(`lse`, each split storing one log-sum-exp a row instead of its maximum and row sum, with a merge of
+its own, was timed in session 10 and not kept: -1.9..+1.0% against the shipped kernel, run 11 of
+results/kernels-variants-h200.txt; it carried a copy of the merge, since these edits reach only
+kernels/triton_attention.py. A fourth copy, run once in session 8 and not kept, had the last split
+skip a round trip: every split stored its partial, then read its counter with acquire; one that
+found every other split arrived merged at once from its registers and their partials, the others
+published as before. It was 0-5% slower everywhere it split: results/kernels-variants-h200.txt. A
+fifth, block ids read two of a split's tiles ahead instead of one, was dropped before it ran: with
+that second-order loop-carried chain Triton 3.6's pipeliner gives up on cp.async (no LDGSTS in the
+sm_90 loop, K/V loaded straight to registers), so it would have timed the pipeliner's absence, not
+the lookahead.)
 """
 
 from __future__ import annotations
@@ -126,46 +127,6 @@ def _one_buffer(ws, head_dim, dtype, device, n_counters, keep):
     l = buf[acc_n + ml_n : acc_n + 2 * ml_n].view(torch.float32).view(ws)
     cnt = buf[acc_n + 2 * ml_n :].view(torch.int32)
     return acc, m, l, cnt
-
-
-"""
-
-# `lse`: the merge of splits that each stored their output and one log-sum-exp a row
-_MERGE_LSE = """@triton.jit
-def _merge_lse(
-    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, num_kv_heads, q_begin, qb_start, q_len,
-    active, stride_ot, stride_oh, stride_od,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-):
-    rows = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D_PAD)
-    tok = qb_start + rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
-    base = (pid.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
-    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        at = base + s * BLOCK_M + rows
-        live = (tl.full([BLOCK_M], s, tl.int32) < active) & row_ok
-        lse = tl.load(m_ws_ptr + at, mask=live, other=float("-inf"), cache_modifier=".cg")
-        part_ok = live[:, None] & (d < HEAD_DIM)[None, :]
-        part = tl.load(acc_ws_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=part_ok, other=0.0,
-                       cache_modifier=".cg").to(tl.float32)
-        m_new = tl.maximum(m_run, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w_run = tl.exp2(m_run - m_safe)
-        w_s = tl.exp2(lse - m_safe)
-        total = total * w_run + w_s
-        acc = acc * w_run[:, None] + part * w_s[:, None]
-        m_run = m_new
-    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    o_rows = (q_begin + tok).to(tl.int64)
-    o_off = o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
-    mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 """
@@ -474,16 +435,6 @@ VARIANTS = {
         ("def paged_attention(\n", _ONE_BUFFER + "def paged_attention(\n"),
     ],
     "l_only": [("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", "")],
-    "lse": [
-        (
-            "        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n"
-            "        tl.store(l_ws_ptr + ws + rows, l_i, mask=row_ok)\n",
-            "        lse = m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i))\n"
-            "        tl.store(m_ws_ptr + ws + rows, lse, mask=row_ok)\n",
-        ),
-        ("                _merge_splits(\n", "                _merge_lse(\n"),
-        ("@triton.jit\ndef _attn_fwd(\n", _MERGE_LSE + "@triton.jit\ndef _attn_fwd(\n"),
-    ],
     "ml_pad": _ML_PAD,
     "counter_pad": _COUNTER_PAD,
     "pad_both": [*_ML_PAD, *_COUNTER_PAD],
