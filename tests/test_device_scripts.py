@@ -55,6 +55,6 @@ def test_w1_probe_runs_the_bench_side_and_splits_its_steps(tmp_path: Path) -> No
     )  # fmt: skip
     result = json.loads(out.read_text())
     assert result["output_tok_s"] > 0 and result["plain"]["wall_s"] > 0
-    assert result["jit_misses_inside_timed_generate"] == []  # the CPU path runs no Triton
+    # (its Triton JIT hook only records on a GPU: the CPU path launches no Triton kernel)
     steps = result["synchronised"]["steps"]
     assert steps.get("eager", 0) > 0 and set(result["synchronised"]["ms_by_kind"]) == set(steps)
