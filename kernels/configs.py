@@ -30,9 +30,11 @@ class AttentionConfig:
             (an atomic counter per sequence and KV head) instead of a second kernel launch.
         pdl: decode launches as a programmatic dependent launch on sm_90+ (see
             `triton_attention._attn_fwd`): its programs start while the kernel before it (the
-            engine's `write_kv`) runs and read the tables and lengths, then wait for it. Off in
-            every shipped config: on the H200 it hid 0.4-0.6 us on short calls and cost 2.5-3.7
-            us behind `write_kv` at batch 64 x 8K (results/kernels-layout-h200.md).
+            engine's `rotary_write_kv`, or `write_kv`) runs and read the tables and lengths, then
+            wait for it. Off in every shipped config: on the H200 it hid 0.4-0.6 us on short
+            calls and cost 2.5-3.7 us behind `write_kv` at batch 64 x 8K
+            (results/kernels-layout-h200.md; measured before the engine fused the KV write into
+            its rotary kernel).
     """
 
     block_m: int

@@ -144,8 +144,8 @@ def _attn_fwd(
     if PDL:
         # A programmatic dependent launch starts while the kernel before it still runs. Only
         # the tables and lengths are read above: the kernels that write them finished before
-        # that one (the engine's `write_kv`, which writes the new K/V rows) started. The queries
-        # and the cache are read below, once it has finished and its writes are visible.
+        # that one (the engine's `rotary_write_kv`, which writes the new K/V rows) started. The
+        # queries and the cache are read below, once it has finished and its writes are visible.
         gdc_wait()
     rows = tl.arange(0, BLOCK_M)
     tok = qb_start + rows // GROUP

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from kernels import paged_attention, write_kv
+from engine.models.layers import RotaryEmbedding
+from kernels import paged_attention, rotary_write_kv
 
 KVCache = tuple[Tensor, Tensor]  # one layer's K and V, each [num_blocks, block_size, Hkv, D]
 
@@ -43,7 +44,8 @@ class AttentionMetadata:
 
 
 class PagedAttention(nn.Module):
-    """Write the new tokens' K/V into the cache, then attend over the cache through block tables.
+    """Rotate the new tokens' q and k (RoPE) and write their K/V into the cache (one launch on the
+    GPU), then attend over the cache through block tables.
 
     History (earlier chunks, prefix-cache hits, decode context) is read from the cache only, so
     one code path serves prefill, chunked prefill, prefix hits and decode.
@@ -68,10 +70,13 @@ class PagedAttention(nn.Module):
         v: Tensor,
         kv_cache: KVCache,
         meta: AttentionMetadata,
+        rope: RotaryEmbedding,
+        positions: Tensor,
     ) -> Tensor:
-        """q `[T, H, D]`, k/v `[T, Hkv, D]` -> attention output `[T, H, D]`."""
+        """q `[T, H, D]`, k/v `[T, Hkv, D]` (q and k rotated in place: they may be views of the
+        qkv output) -> attention output `[T, H, D]`."""
         k_cache, v_cache = kv_cache
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        rotary_write_kv(q, k, v, rope.cos, rope.sin, positions, k_cache, v_cache, meta.slot_mapping)
         return paged_attention(
             q,
             k_cache,

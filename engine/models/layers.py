@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels import rms_norm, rotary, silu_and_mul
+from kernels import rms_norm, silu_and_mul
 
 
 class Linear(nn.Module):
@@ -215,10 +215,6 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin `[T, 1, head_dim // 2]` for the tokens' `positions` `[T]`."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    def rotate_(self, q: Tensor, k: Tensor, positions: Tensor) -> None:
-        """Rotate q `[T, H, D]` and k `[T, Hkv, D]` in place (strided views are fine)."""
-        rotary(q, k, self.cos, self.sin, positions)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -64,8 +64,7 @@ class SelfAttention(nn.Module):
         v = v.view(-1, self.kv_size // self.head_dim, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        rope.rotate_(q, k, positions)  # in place: q and k may be views of the qkv output
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta).flatten(1))
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, rope, positions).flatten(1))
 
 
 class DecoderLayer(nn.Module):

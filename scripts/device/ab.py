@@ -4,7 +4,7 @@ the device as an untracked file). Same shapes, shipped configs and split policy,
 graphs as `kernels.sweep` times them, in the order old, new, new, old (means of two); each line
 also gives the largest difference between the two kernels' outputs on its first layer. Through a
 random block table; `AB_TABLES=random,identity` times each shape through both, over the same
-caches."""
+caches; `AB_DECODE=64x2048,8x32768` replaces the (batch, context) list."""
 
 import functools
 import importlib.util
@@ -39,8 +39,11 @@ def ab(label, q, pools, table, lens, cu, ctx, scale, cfg) -> None:
 
 
 kinds = os.environ.get("AB_TABLES", "random").split(",")
+decode = sw.DECODE
+if os.environ.get("AB_DECODE"):  # e.g. AB_DECODE=64x2048,8x32768
+    decode = [tuple(int(n) for n in s.split("x")) for s in os.environ["AB_DECODE"].split(",")]
 for shape in sw.SHAPES:
-    for batch, ctx in sw.DECODE:
+    for batch, ctx in decode:
         q, pools, lens, cu, scale = sw._pools(shape, batch, ctx, torch.bfloat16)
         cfg = sw._shipped(shape, batch)
         for kind in kinds:

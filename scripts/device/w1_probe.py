@@ -14,7 +14,9 @@ then one timed `generate`) with three recorders around it:
     so the total runs longer than the plain bench: read the split, not the sum;
   - the timed `generate` alone, unsynchronised, as the bench reports it.
 Session 10 left the question: W1 ran 1.7-10% slower with the engine on `kernels.rotary_write_kv`
-although its decode graph was faster (results/fused-rotary-kv-h200.md).
+although its decode graph was faster. Session 11's answer (results/fused-rotary-kv-h200.md, section
+4): no JIT miss inside the timed run either way, and the decode rounds faster with the op in every
+pair; the plain run's spread between runs of the same code (58-64K tok/s) was the loss.
 """
 
 from __future__ import annotations
