@@ -64,6 +64,11 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 (the whole epilogue cannot be one: Triton passes only scalars to a function it
                 does not inline, and the epilogue takes the loop's tensors)
   no_epilogue   every split stores its output straight to `out` (no partials, no merge)
+  dot_acc       the rescaled accumulator as the P@V dot's accumulator input (correct)
+  fma_scale     unscaled scores, maxima scaled once a row, each weight's exponent one
+                multiply-add (correct; rounds once where the shipped kernel rounds twice)
+  l_after       the row sums' update after the P@V dot (correct)
+  fma_dot, l_after_dot, fma_dot_l_after  combinations of the three
 
 (`lse`, each split storing one log-sum-exp a row instead of its maximum and row sum, with a merge of
 its own, was timed in session 10 and not kept: -1.9..+1.0% against the shipped kernel, run 11 of
@@ -244,6 +249,51 @@ _M_IN_LOOP = [
         "            )  # fmt: skip\n"
         "            if NUM_SPLITS > 1:\n"
         "                tl.store(m_ws_ptr + ws_m + rows, m_i, mask=row_ok)\n",
+    ),
+]
+
+
+# Equivalent rewrites of the tile body (correct: candidates; each changes what ptxas schedules).
+# dot_acc: the rescaled accumulator is the P@V dot's accumulator input (the MMA adds into it)
+_DOT_ACC = [
+    (
+        "    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)\n",
+        "    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)\n",
+    )
+]
+# fma_scale: scores stay unscaled; the maxima are scaled once a row and the weights' exponent is
+# one multiply-add a score (max(s) * c = max(s * c) exactly for c > 0: rounding is monotone)
+_FMA_SCALE = [
+    (
+        "    s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain\n",
+        "    s = tl.dot(q, k, input_precision=DOT_PREC)  # times qk_scale: the log2 domain\n",
+    ),
+    (
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees the whole tile\n",
+        "        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)\n",
+    ),
+    (
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`\n",
+        "        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)\n",
+    ),
+    (
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n        m_safe = tl.where(",
+        "        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)\n        m_safe = tl.where(",
+    ),
+    ("    p = tl.exp2(s - m_safe[:, None])\n", "    p = tl.exp2(s * qk_scale - m_safe[:, None])\n"),
+]
+# l_first: the row sums' update after the P@V dot instead of before the V load
+_L_AFTER = [
+    (
+        "    if BLOCK_Q == 1:\n        l_acc = l_acc * alpha[:, None] + p\n    else:\n"
+        "        l_acc = l_acc * alpha[:, None] + tl.sum(p, 1, keep_dims=True)\n",
+        "",
+    ),
+    (
+        "    return m_new, l_acc, acc, blk_next\n",
+        "    if BLOCK_Q == 1:\n        l_acc = l_acc * alpha[:, None] + p\n    else:\n"
+        "        l_acc = l_acc * alpha[:, None] + tl.sum(p, 1, keep_dims=True)\n"
+        "    return m_new, l_acc, acc, blk_next\n",
     ),
 ]
 
@@ -465,6 +515,12 @@ VARIANTS = {
     "no_epilogue": [
         ("    if NUM_SPLITS == 1:\n        o_off", "    if True:\n        o_off"),
     ],
+    "dot_acc": _DOT_ACC,
+    "fma_scale": _FMA_SCALE,
+    "fma_dot": [*_FMA_SCALE, *_DOT_ACC],
+    "l_after": _L_AFTER,
+    "l_after_dot": [*_L_AFTER, *_DOT_ACC],
+    "fma_dot_l_after": [*_FMA_SCALE, *_DOT_ACC, *_L_AFTER],
 }
 
 CASES = [  # (shape, batch, context)
