@@ -69,6 +69,10 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 multiply-add (correct; rounds once where the shipped kernel rounds twice)
   l_after       the row sums' update after the P@V dot (correct)
   fma_dot, l_after_dot, fma_dot_l_after  combinations of the three
+  lazy_only     decode rescales a row only when a tile's maximum exceeds its reference by more
+                than 8 (log2 domain): weights below 2^8, the accumulator rescaled rarely (correct)
+  lazy_ref      lazy_only with the reference stored inside the loop where it moved (a store
+                predicated off on most tiles), none after it (correct)
 
 (`lse`, each split storing one log-sum-exp a row instead of its maximum and row sum, with a merge of
 its own, was timed in session 10 and not kept: -1.9..+1.0% against the shipped kernel, run 11 of
@@ -298,6 +302,45 @@ _L_AFTER = [
 ]
 
 
+# Lazy rescaling (as FlashAttention-4 does): a row's reference moves only when a tile's maximum
+# exceeds it by more than 8 (log2 domain), so weights stay below 2^8 and the accumulator is
+# rescaled rarely. lazy_only: the reference stored after the loop, as the maxima are; lazy_ref:
+# stored inside the loop where it moved (a store predicated off on most tiles), so nothing of the
+# softmax state but the accumulator and row sums is live after the loop (correct: candidates)
+_LAZY = [
+    (
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`\n",
+        "        m_tile = tl.max(s, 1)  # finite: a tile has a key below `limit`\n"
+        "        m_new = tl.where(m_tile > m_i + 8.0, m_tile, m_i)\n",
+    ),
+]
+_LAZY_REF = [
+    *_LAZY,
+    ("        tl.store(m_ws_ptr + ws + rows, m_i, mask=row_ok)\n", ""),
+    (
+        "    full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)\n",
+        "    full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)\n"
+        "    ws_m = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split)\n"
+        "    ws_m = ws_m * BLOCK_M\n",
+    ),
+    (
+        "        for j in range(lo, hi, NUM_SPLITS):\n"
+        "            m_i, l_acc, acc, blk_next = _tile(\n",
+        "        for j in range(lo, hi, NUM_SPLITS):\n            m_prev = m_i\n"
+        "            m_i, l_acc, acc, blk_next = _tile(\n",
+    ),
+    (
+        "                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,\n"
+        "            )  # fmt: skip\n",
+        "                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,\n"
+        "            )  # fmt: skip\n"
+        "            if NUM_SPLITS > 1:\n"
+        "                moved = row_ok & (m_i != m_prev)\n"
+        "                tl.store(m_ws_ptr + ws_m + rows, m_i, mask=moved)\n",
+    ),
+]
+
+
 def _maxnreg(n: int) -> list[tuple[str, str]]:
     """The shipped kernel compiled with at most `n` registers a thread (ptxas then schedules the
     loop anew; 86 without a cap on sm_90, 80 for ws_acc_only)."""
@@ -521,6 +564,8 @@ VARIANTS = {
     "l_after": _L_AFTER,
     "l_after_dot": [*_L_AFTER, *_DOT_ACC],
     "fma_dot_l_after": [*_FMA_SCALE, *_DOT_ACC, *_L_AFTER],
+    "lazy_only": _LAZY,
+    "lazy_ref": _LAZY_REF,
 }
 
 CASES = [  # (shape, batch, context)
