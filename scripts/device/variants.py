@@ -73,6 +73,8 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 than 8 (log2 domain): weights below 2^8, the accumulator rescaled rarely (correct)
   lazy_ref      lazy_only with the reference stored inside the loop where it moved (a store
                 predicated off on most tiles), none after it (correct)
+  heads2, heads4  decode without splits, each (sequence, KV head) as 2 or 4 programs sharing its
+                query heads, each reading the whole history (the repeats from L2) (correct)
 
 (`lse`, each split storing one log-sum-exp a row instead of its maximum and row sum, with a merge of
 its own, was timed in session 10 and not kept: -1.9..+1.0% against the shipped kernel, run 11 of
@@ -341,6 +343,49 @@ _LAZY_REF = [
 ]
 
 
+def _head_groups(n: int) -> list[tuple[str, str]]:
+    """Decode without splits, each (sequence, KV head) as `n` programs that share the group's query
+    heads (ceil(GROUP / n) each) and each read the whole history: the second reads of the same K/V,
+    made at the same time, should come from L2. No split state at all, so the split kernel's loop
+    schedule question does not arise; the price is n reads of each K/V tile from L2 (correct)."""
+    return [
+        (
+            "    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,\n"
+            "):  # fmt: skip\n    pid = tl.program_id(0)\n    kvh = tl.program_id(1)\n",
+            "    DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,\n"
+            "    HG: tl.constexpr,\n"
+            "):  # fmt: skip\n    pid = tl.program_id(0)\n    kvh = tl.program_id(1) // HG\n"
+            "    hg = tl.program_id(1) % HG\n",
+        ),
+        (
+            "    tok = qb_start + rows // GROUP\n    head = kvh * GROUP + rows % GROUP\n"
+            "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n",
+            "    if HG > 1:\n"
+            "        tok = qb_start + rows * 0\n"
+            "        head = kvh * GROUP + hg * ((GROUP + HG - 1) // HG) + rows\n"
+            "        row_ok = (rows < (GROUP + HG - 1) // HG) & (head < (kvh + 1) * GROUP)\n"
+            "        row_ok = row_ok & (tok < q_len)\n"
+            "    else:\n"
+            "        tok = qb_start + rows // GROUP\n        head = kvh * GROUP + rows % GROUP\n"
+            "        row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n",
+        ),
+        (
+            "        splits = num_splits or choose_num_splits(\n"
+            "            num_seqs, num_kv_heads, max_seqlen_k, num_sms, cfg.tile_n\n        )\n",
+            "        splits = 1\n",
+        ),
+        (
+            "    _attn_fwd[(grid0, num_kv_heads, splits)](\n",
+            f"    hg = {n} if decode else 1\n    _attn_fwd[(grid0, num_kv_heads * hg, splits)](\n",
+        ),
+        (
+            "        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,\n",
+            "        BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,\n"
+            "        HG=hg,\n",
+        ),
+    ]
+
+
 def _maxnreg(n: int) -> list[tuple[str, str]]:
     """The shipped kernel compiled with at most `n` registers a thread (ptxas then schedules the
     loop anew; 86 without a cap on sm_90, 80 for ws_acc_only)."""
@@ -566,6 +611,8 @@ VARIANTS = {
     "fma_dot_l_after": [*_FMA_SCALE, *_DOT_ACC, *_L_AFTER],
     "lazy_only": _LAZY,
     "lazy_ref": _LAZY_REF,
+    "heads2": _head_groups(2),
+    "heads4": _head_groups(4),
 }
 
 CASES = [  # (shape, batch, context)
