@@ -50,3 +50,21 @@ def extend_block_hashes(
         parent = hashes[i - 1] if i else root
         block = token_ids[i * block_size : (i + 1) * block_size]
         hashes.append(hash_block_tokens(parent, block, cache_salt if i == 0 else None))
+
+
+def shared_block_prefix(
+    a: Sequence[int], b: Sequence[int], num_blocks: int, block_size: int
+) -> int:
+    """How many of the first `num_blocks` full blocks two token lists have in common (token for
+    token: list comparison runs in C, far cheaper than hashing the blocks again)."""
+    n = num_blocks * block_size
+    if a[:n] == b[:n]:
+        return num_blocks
+    lo, hi = 0, num_blocks  # the first `lo` blocks are equal, the first `hi` are not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo * block_size : mid * block_size] == b[lo * block_size : mid * block_size]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -194,3 +194,43 @@ def test_peak_usage_is_tracked():
     kv.free(a)
     kv.free(b)
     assert kv.stats.peak_used_blocks == 6 and kv.num_free_blocks == 8
+
+
+def test_a_new_chain_starts_from_a_recent_sequence_with_the_same_first_block():
+    """Hash chains are taken over from the last sequence hashed with the same first block, as far
+    as the tokens agree, then extended: always the hashes the tokens give from scratch."""
+    from engine.block_hash import extend_block_hashes
+
+    kv = make_manager(num_blocks=64, block_size=4)
+    doc = list(range(100, 140))  # a shared prefix of 10 blocks
+    first = make_seq([*doc, 1, 2, 3, 4, 5])
+    kv.get_computed_blocks(first)
+    cases = [
+        [*doc, 9, 9, 9, 9, 9],  # the whole prefix shared
+        [*doc[:22], 7, *doc[23:], 1],  # differs inside block 5: blocks 0-4 reused
+        [*doc[:4], 8],  # one full block: nothing to take over
+        [*doc[:3]],  # no full block
+        [0, *doc],  # another first block: no donor
+    ]
+    for tokens in cases:
+        seq = make_seq(tokens)
+        kv.get_computed_blocks(seq)
+        want: list[bytes] = []
+        extend_block_hashes(want, tokens, 4, kv._root, None)
+        assert seq.block_hashes == want, tokens
+    salted = make_seq([*doc, 1], cache_salt="tenant-b")
+    kv.get_computed_blocks(salted)
+    assert salted.block_hashes[0] != first.block_hashes[0]
+    assert not set(salted.block_hashes) & set(first.block_hashes)
+
+
+def test_shared_block_prefix_counts_equal_leading_blocks():
+    from engine.block_hash import shared_block_prefix
+
+    a = list(range(40))
+    for cut in range(41):
+        b = [*a[:cut], -1, *a[cut + 1 :]][:40]
+        want = min(cut // 4, 10)
+        assert shared_block_prefix(a, b, 10, 4) == want, cut
+    assert shared_block_prefix(a, a[:12], 3, 4) == 3
+    assert shared_block_prefix(a, a, 0, 4) == 0
