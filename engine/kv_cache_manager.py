@@ -197,10 +197,10 @@ class KVCacheManager:
     def _start_chain(self, seq: Sequence) -> None:
         """Begin `seq`'s hashes with those of the last sequence hashed that has the same first
         block, as far as their tokens agree. A job's requests often share a long prefix (a system
-        prompt, a document); hashing it again costs the host ~1 us a block (four 16K-token prompts
-        took 25 ms of host time on the H200 machine against a 3.6 ms step; 15 ms with this:
-        results/few-graphs-h200.md), comparing the tokens a few percent of that. The first
-        block's hash covers the cache salt, so sequences of other salts never match."""
+        prompt, a document); hashing it again costs the host ~1 us a block (a round of four
+        prefix hits after 16K cached tokens took 29 ms on the H200 machine, its step 3.6; 15 ms
+        with this: results/few-graphs-h200.md), comparing the tokens a few percent of that. The
+        first block's hash covers the cache salt, so sequences of other salts never match."""
         bs = self.block_size
         tokens = seq.token_ids
         if len(tokens) < 2 * bs:
