@@ -58,3 +58,23 @@ def test_w1_probe_runs_the_bench_side_and_splits_its_steps(tmp_path: Path) -> No
     # (its Triton JIT hook only records on a GPU: the CPU path launches no Triton kernel)
     steps = result["synchronised"]["steps"]
     assert steps.get("eager", 0) > 0 and set(result["synchronised"]["ms_by_kind"]) == set(steps)
+
+
+def test_job_vs_engine_gives_the_job_and_the_engine_the_same_requests(tmp_path: Path) -> None:
+    """`job_vs_engine.py` shrunk for the CPU (4 of W1's requests, 8 tokens each; 32 lines of text):
+    the job and the engine draw the same number of tokens for the same requests, and the text
+    job finishes every line."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "JOB_REQUESTS": "4"}
+    subprocess.run(
+        [sys.executable, str(DEVICE / "job_vs_engine.py"), str(tmp_path)],
+        check=True, cwd=DEVICE.parents[1], capture_output=True, timeout=600, env=env,
+    )  # fmt: skip
+    result = json.loads((tmp_path / "job_vs_engine.json").read_text())
+    job, eng, chat = result["w1_job"], result["w1_engine"], result["chat_job"]
+    assert job["exit_code"] == 0 and job["ok"] == 4 and job["output_tokens"] == 4 * 8
+    assert eng["output_tokens"] == job["output_tokens"]
+    assert chat["exit_code"] == 0 and chat["ok"] == chat["requests"] == 32
