@@ -2,14 +2,19 @@
 scripts/device/job_vs_engine.py OUT_DIR [MODEL]` (MODEL: a .gguf or folder; default the bundled
 SmolLM2-135M-Instruct).
 
-W1's requests (256, prompts of U[100, 1024] token ids in [0, 10000), `max_tokens` U[100, 1024],
-EOS ignored, temperature 0.6, seed 0) once as a JSONL job of `prompt_token_ids` lines run by
-`python3 -m pagedctl generate` in a child process (its summary's wall: model loading and graph
-capture excluded; reading, validating, writing and fsyncing the records included), and once
-through `engine.LLM.generate` in this process after a warm-up, as `pagedctl bench` times it. Then
-the bundled example's 32 chat and completion lines repeated 64 times (2,048 lines of text:
-tokenizer, chat template, detokenizer) as a job only. `JOB_REQUESTS=N` shrinks both sets for a
-smoke run on the CPU.
+W1's requests (`make_workload` of recipes/nano-bench.yaml's workload: 256 prompts of U[100, 1024]
+token ids, `max_tokens` U[100, 1024], EOS ignored, temperature 0.6) once as a JSONL job of
+`prompt_token_ids` lines run by `python3 -m pagedctl generate` in a child process (its summary's
+wall: model loading and graph capture excluded; reading, validating, writing and fsyncing the
+records included), and once as `pagedctl bench` runs its own side (`run_pagedctl`: a warm-up, then
+one timed `generate`), both with the engine's defaults. Then the bundled example's 32 chat and
+completion lines repeated 64 times (2,048 lines of text: tokenizer, chat template, detokenizer)
+as a job only. The engine side runs last: this process keeps its memory, which a job started
+after it would lack.
+
+`JOB_REQUESTS=N` shrinks both sets (N requests of 8 tokens) for a smoke run on the CPU.
+`JOB_FAKE_MODEL=1` replaces the model's step by an instant one that draws random tokens, in the
+job and the engine alike, so only host work is timed (`results/job-vs-engine-h200.md`).
 """
 
 from __future__ import annotations
@@ -20,33 +25,47 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 N = int(os.environ.get("JOB_REQUESTS", 256))
+FAKE = os.environ.get("JOB_FAKE_MODEL") == "1"
 
 
-def w1_lines() -> list[dict]:
-    rng = random.Random(0)
-    lines = []
-    for i in range(N):
-        prompt = [rng.randrange(10000) for _ in range(rng.randint(100, 1024))]
-        lines.append(
-            {
-                "custom_id": f"w1-{i}",
-                "prompt_token_ids": prompt,
-                "max_tokens": rng.randint(100, 1024) if N >= 64 else 8,
-                "ignore_eos": True,
-                "temperature": 0.6,
-            }
+def fake_model() -> None:
+    """Every step returns at once: a random token for each row that reaches its end."""
+    from engine.model_runner import ModelRunner, StepResult
+
+    rng = random.Random(1)
+
+    def execute(self, out):
+        return StepResult(
+            [
+                [rng.randrange(1000, 20000) for _ in range(s.num_samples_to_draw)]
+                if s.num_computed_tokens + n >= s.num_tokens
+                else []
+                for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
+            ],
+            None,
         )
-    return lines
+
+    ModelRunner.execute = execute
+
+
+def w1_workload():
+    from pagedctl.bench_recipe import load_bench_recipe, make_workload
+
+    spec = load_bench_recipe(ROOT / "recipes/nano-bench.yaml").workload
+    if spec.num_requests != N:
+        spec = replace(spec, num_requests=N, output_len=(8, 8))
+    return make_workload(spec)
 
 
 def run_job(name: str, lines: list[dict], out: Path, model: str | None) -> dict:
     src = out / f"{name}.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    cmd = [sys.executable, "-m", "pagedctl", "generate", str(src), "-o", str(out / f"{name}.out")]
+    cmd = [sys.executable, __file__, "--job", str(src), "-o", str(out / f"{name}.out")]
     cmd += ["--errors", str(out / f"{name}.err"), "--summary-json", str(out / f"{name}.json")]
     cmd += ["--model", model] if model else []
     t = time.perf_counter()
@@ -58,29 +77,26 @@ def run_job(name: str, lines: list[dict], out: Path, model: str | None) -> dict:
     return summary
 
 
-def run_engine(lines: list[dict], model: str | None) -> dict:
-    from engine import SamplingParams
-    from engine.llm import LLM
+def run_engine(wl, model: str | None) -> dict:
+    from pagedctl.bench_peers import run_pagedctl
+    from pagedctl.bench_recipe import BenchRecipe
 
-    llm = LLM(model)
-    warm = SamplingParams(temperature=0.6, max_tokens=4, ignore_eos=True)
-    llm.generate([list(range(1, 9))] * 2, warm)
-    params = [
-        SamplingParams(temperature=0.6, max_tokens=line["max_tokens"], ignore_eos=True)
-        for line in lines
-    ]
-    t = time.perf_counter()
-    outs = llm.generate([line["prompt_token_ids"] for line in lines], params)
-    wall = time.perf_counter() - t
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs if o.ok)
-    return {"wall_s": round(wall, 3), "output_tokens": tokens, "output_tok_per_s": tokens / wall}
+    side = run_pagedctl(BenchRecipe(name="job-vs-engine", model=model), wl, {})
+    tokens = sum(c or 0 for c in side.counts)
+    return {"wall_s": round(side.wall_s, 3), "output_tokens": tokens,
+            "output_tok_per_s": tokens / side.wall_s}  # fmt: skip
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     model = sys.argv[2] if len(sys.argv) > 2 else None
-    lines = w1_lines()
+    wl = w1_workload()
+    lines = [
+        {"custom_id": f"w1-{i}", "prompt_token_ids": p, "max_tokens": m, "ignore_eos": True,
+         "temperature": wl.temperature}
+        for i, (p, m) in enumerate(zip(wl.prompts, wl.max_tokens, strict=True))
+    ]  # fmt: skip
     result = {"w1_job": run_job("w1", lines, out, model)}
     print("w1 job", json.dumps(result["w1_job"]), flush=True)
     example_file = ROOT / "recipes/data/example.jsonl"
@@ -94,11 +110,18 @@ def main() -> None:
             chat.append(line)
     result["chat_job"] = run_job("chat", chat, out, model)
     print("chat job", json.dumps(result["chat_job"]), flush=True)
-    # last: this process keeps the engine's memory, which a child job started after it would lack
-    result["w1_engine"] = run_engine(lines, model)
+    result["w1_engine"] = run_engine(wl, model)
     print("w1 engine", json.dumps(result["w1_engine"]), flush=True)
     (out / "job_vs_engine.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    if FAKE:
+        fake_model()
+    if sys.argv[1] == "--job":  # the child: `pagedctl generate ARGS`, the fake model if asked
+        from pagedctl.cli import main as cli_main
+
+        sys.argv = ["pagedctl", "generate", *sys.argv[2:]]
+        cli_main()
+    else:
+        main()
