@@ -50,6 +50,17 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 the timeline's stamps, the maxima, the row sums and the counter's reset all are?)
   acc_plus_m    ws_acc_only with the maxima stored too (values the loop computed; the word of
                 acc_plus_word is a constant)
+  acc_plus_l    ws_acc_only with the row sums stored too (session 12)
+  one_store     ws_acc_only with the maxima and row sums put in the output rows' first two
+                columns, so one store after the loop carries a split's whole state (wrong
+                outputs; session 12, compiled offline only)
+  one_store_atomic  one_store with the barrier and the atomic (no merge after it)
+  one_store_merge   one_store with the barrier, the atomic and the fused merge
+  reload        the shipped kernel re-reading the sequence's query start, query length and
+                length after the loop (volatile loads) and recomputing what its epilogue needs
+                from them, so nothing of the prologue lives across the loop (session 12)
+  acc_plus_outsum  ws_acc_only with each output row's sum stored where the maxima go: a value
+                computed after the loop from its outputs, not the maxima (session 12)
   ml_after      the shipped kernel with the maxima and row sums stored after the output rows
   ws_only_after ws_only with the maxima and row sums stored after the output rows
   m_in_loop     the shipped kernel storing its maxima inside the loop after every tile (the last
@@ -215,6 +226,59 @@ _ACC_STORE = (
 _ML_AFTER = [(_ML_STORES, ""), (_ACC_STORE, _ACC_STORE + _ML_STORES)]
 # ws_acc_only with the maxima alone stored (a value the loop computed, where a constant is free)
 _ACC_PLUS_M = _ML_DROP[1:]
+# session 12: the shipped kernel re-reading after the loop what its epilogue needs of the
+# sequence (query start and length, length: volatile loads, so they are not the values read
+# before the loop) and recomputing the rows, the limit and the tile count from them, so no value
+# of the prologue but the loop's own state lives across the loop (80 registers on sm_90 against
+# 86: `ws_acc_only`'s count; correct: a candidate)
+_RELOAD = [
+    (
+        "    l_i = tl.sum(l_acc, 1)\n",
+        "    q_begin = tl.load(cu_q_ptr + seq, volatile=True)\n"
+        "    q_len = tl.load(cu_q_ptr + seq + 1, volatile=True) - q_begin\n"
+        "    seq_len = tl.load(seq_lens_ptr + seq, volatile=True)\n"
+        "    tok = qb_start + rows // GROUP\n"
+        "    head = kvh * GROUP + rows % GROUP\n"
+        "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n"
+        "    q_rows = (q_begin + tok).to(tl.int64)\n"
+        "    limit = seq_len - q_len + tl.minimum(qb_start + BLOCK_Q, q_len)\n"
+        "    if ONE_QBLOCK:\n"
+        "        limit = tl.where(q_len > 0, limit, 0)\n"
+        "    num_tiles = tl.cdiv(limit, TILE_N)\n"
+        "    l_i = tl.sum(l_acc, 1)\n",
+    )
+]
+# session 12 (offline, `scripts/sass_probe.py`): one store after the loop carrying the maxima and
+# row sums in the output rows' first two columns (wrong outputs: what ptxas makes of the loop
+# when a split's whole state leaves in a single store), alone, with the barrier and atomic, or
+# with the fused merge after it
+_ONE_STORE = (
+    "        part_off = (ws + rows)[:, None] * HEAD_DIM + d[None, :]\n",
+    "        part_off = (ws + rows)[:, None] * HEAD_DIM + d[None, :]\n"
+    "        out = tl.where(d[None, :] == 1, l_i[:, None], out)\n"
+    "        out = tl.where(d[None, :] == 0, m_i[:, None], out)\n",
+)
+_ONE_STORE_MERGE = [*_ML_DROP[:2], _ONE_STORE]
+_ONE_STORE_ATOMIC = [
+    *_ONE_STORE_MERGE,
+    (
+        "                tl.store(counter, 0)  # ready for the next call (the next layer, the next"
+        " step)\n",
+        "                return\n",
+    ),
+]
+# session 12: ws_acc_only plus the row sums (live after the loop in ws_acc_only already: they
+# normalise the output), or plus a value computed from the output rows after the loop (their
+# sums: a cross-warp reduction, as the row sums' own), each where the maxima would go
+_ACC_PLUS_L = [_ML_DROP[0], *_NO_MERGE_PATH]
+_ACC_PLUS_OUTSUM = [
+    *_ML_DROP,
+    (
+        "        part_off = (ws",
+        "        tl.store(m_ws_ptr + ws + rows, tl.sum(out, 1), mask=row_ok)\n"
+        "        part_off = (ws",
+    ),
+]
 
 # The fused merge as a function of its own that Triton does not inline (`noinline=True`): is the
 # loop's schedule what the ~1 us follows? ptxas schedules the loop with whatever the code after
@@ -587,6 +651,12 @@ VARIANTS = {
     "acc_plus_word": _ACC_PLUS_WORD,
     "acc_plus_line": _ACC_PLUS_LINE,
     "acc_plus_m": _ACC_PLUS_M,
+    "acc_plus_l": _ACC_PLUS_L,
+    "reload": _RELOAD,
+    "one_store": [*_ML_DROP, _ONE_STORE],
+    "one_store_atomic": _ONE_STORE_ATOMIC,
+    "one_store_merge": _ONE_STORE_MERGE,
+    "acc_plus_outsum": _ACC_PLUS_OUTSUM,
     "ml_after": _ML_AFTER,
     "ws_only_after": [*_NO_MERGE_PATH, *_ML_AFTER],
     "merge_noinline": _MERGE_NOINLINE,
