@@ -127,6 +127,8 @@ class ModelRunner:
                 max_seqs=max_num_seqs,
                 emulate=cuda_graphs == "emulate",
             )
+        head = model.lm_head.weight  # [vocab, hidden]: the logits' width and dtype
+        self.sampler.warm_up(head.shape[0], head.dtype, device)
 
     @property
     def max_graph_batch(self) -> int:

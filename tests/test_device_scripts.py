@@ -78,3 +78,7 @@ def test_job_vs_engine_gives_the_job_and_the_engine_the_same_requests(tmp_path: 
     assert job["exit_code"] == 0 and job["ok"] == 4 and job["output_tokens"] == 4 * 8
     assert eng["output_tokens"] == job["output_tokens"]
     assert chat["exit_code"] == 0 and chat["ok"] == chat["requests"] == 32
+    again = result["w1_job_again"]
+    assert again["exit_code"] == 0 and again["output_tokens"] == job["output_tokens"]
+    # the children's Triton JIT records (the CPU path launches no Triton kernel: none)
+    assert job["jit"] == {"misses": 0, "misses_in_stream": 0, "seconds_in_stream": 0.0}

@@ -34,6 +34,36 @@ def test_tiny_model_greedy_matches_transformers_on_cuda(tmp_path):
         assert out.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
 
 
+def test_a_sampled_run_meets_no_kernel_that_start_up_did_not(tmp_path):
+    """Graph capture and the sampler's warm-up meet every Triton kernel a plain sampled run
+    uses, so its first `generate` compiles nothing and loads nothing from Triton's disk cache (a
+    job's first sampled step waited 0.28 s for the sampler's kernels: job-vs-engine-h200.md)."""
+    import triton
+
+    from kernels.triton_sample import _chunk_stats, _pick
+
+    save_tiny_model("qwen2", tmp_path)
+    for fn in (_chunk_stats, _pick):  # as in a fresh process, whatever ran before this test
+        fn.device_caches.clear()
+    llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", num_blocks=64, block_size=16)
+    misses = []
+
+    def on_miss(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        misses.append(fn.name)
+        return False
+
+    before, triton.knobs.runtime.jit_cache_hook = triton.knobs.runtime.jit_cache_hook, on_miss
+    try:
+        rng = random.Random(3)
+        prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 40))] for _ in range(6)]
+        params = SamplingParams(temperature=0.7, max_tokens=12, ignore_eos=True)
+        outs = llm.generate(prompts, params)
+    finally:
+        triton.knobs.runtime.jit_cache_hook = before
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert misses == []
+
+
 def test_kv_cache_is_sized_from_measured_memory():
     total = torch.cuda.get_device_properties(0).total_memory
     llm = LLM(

@@ -12,6 +12,11 @@ completion lines repeated 64 times (2,048 lines of text: tokenizer, chat templat
 as a job only. The engine side runs last: this process keeps its memory, which a job started
 after it would lack.
 
+Each job's child also records its Triton JIT cache misses (a compilation, or a load from Triton's
+disk cache) with their wall time, and the window of the job's `LLM.stream` (its summary's wall), in
+`NAME.jit.json`; the W1 job runs twice (`w1`, then `w1_again` in a fresh process with Triton's disk
+cache warm): what a job pays for kernel specialisations the graph capture never met.
+
 `JOB_REQUESTS=N` shrinks both sets (N requests of 8 tokens) for a smoke run on the CPU.
 `JOB_FAKE_MODEL=1` replaces the model's step by an instant one that draws random tokens, in the
 job and the engine alike, so only host work is timed (`results/job-vs-engine-h200.md`).
@@ -53,6 +58,50 @@ def fake_model() -> None:
     ModelRunner.execute = execute
 
 
+def trace_jit(path: Path) -> None:
+    """In the job's child: record Triton JIT misses (start, seconds, kernel) and the window of
+    `LLM.stream`, written to `path` at exit."""
+    import atexit
+
+    import triton
+
+    from engine.llm import LLM
+
+    misses: list[list] = []
+    marks: dict[str, float] = {}
+
+    def before(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        misses.append([time.perf_counter(), None, fn.name])
+        return False  # compile (or load) as usual
+
+    def after(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        if misses and misses[-1][1] is None:
+            misses[-1][1] = time.perf_counter() - misses[-1][0]
+        return False
+
+    triton.knobs.runtime.jit_cache_hook = before
+    triton.knobs.runtime.jit_post_compile_hook = after
+    stream = LLM.stream
+
+    def timed_stream(self, *args, **kwargs):
+        marks["stream_start"] = time.perf_counter()
+        yield from stream(self, *args, **kwargs)
+        marks["stream_end"] = time.perf_counter()
+
+    LLM.stream = timed_stream
+
+    def write() -> None:
+        lo, hi = marks.get("stream_start", float("inf")), marks.get("stream_end", float("inf"))
+        inside = [m for m in misses if lo <= m[0] <= hi]
+        path.write_text(json.dumps({
+            "misses": len(misses), "misses_in_stream": len(inside),
+            "seconds_in_stream": round(sum(m[1] or 0.0 for m in inside), 3),
+            "in_stream": [[round(m[0] - lo, 3), round(m[1] or 0.0, 3), m[2]] for m in inside],
+        }, indent=1))  # fmt: skip
+
+    atexit.register(write)
+
+
 def w1_workload():
     from pagedctl.bench_recipe import load_bench_recipe, make_workload
 
@@ -69,8 +118,11 @@ def run_job(name: str, lines: list[dict], out: Path, model: str | None) -> dict:
     cmd += ["--errors", str(out / f"{name}.err"), "--summary-json", str(out / f"{name}.json")]
     cmd += ["--model", model] if model else []
     t = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    env = dict(os.environ, JOB_TRACE_JIT=str(out / f"{name}.jit.json"))
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     summary = json.loads((out / f"{name}.json").read_text())
+    jit = json.loads((out / f"{name}.jit.json").read_text())
+    summary["jit"] = {k: jit[k] for k in ("misses", "misses_in_stream", "seconds_in_stream")}
     summary["process_wall_s"] = round(time.perf_counter() - t, 2)
     summary["exit_code"] = done.returncode
     (out / f"{name}.log").write_text(done.stdout[-4000:] + done.stderr[-4000:])
@@ -99,6 +151,8 @@ def main() -> None:
     ]  # fmt: skip
     result = {"w1_job": run_job("w1", lines, out, model)}
     print("w1 job", json.dumps(result["w1_job"]), flush=True)
+    result["w1_job_again"] = run_job("w1_again", lines, out, model)
+    print("w1 job again", json.dumps(result["w1_job_again"]), flush=True)
     example_file = ROOT / "recipes/data/example.jsonl"
     example = [json.loads(s) for s in example_file.read_text().splitlines()]
     chat = []
@@ -121,6 +175,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--job":  # the child: `pagedctl generate ARGS`, the fake model if asked
         from pagedctl.cli import main as cli_main
 
+        if os.environ.get("JOB_TRACE_JIT"):
+            trace_jit(Path(os.environ["JOB_TRACE_JIT"]))
         sys.argv = ["pagedctl", "generate", *sys.argv[2:]]
         cli_main()
     else:
