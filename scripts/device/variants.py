@@ -56,6 +56,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 outputs; session 12, compiled offline only)
   one_store_atomic  one_store with the barrier and the atomic (no merge after it)
   one_store_merge   one_store with the barrier, the atomic and the fused merge
+  separate_merge    one_store whose merge runs in programs of its own at the grid's last z
+                index, each polling its counter until its splits have arrived (wrong
+                outputs: what the structure costs; session 12)
   reload        the shipped kernel re-reading the sequence's query start, query length and
                 length after the loop (volatile loads) and recomputing what its epilogue needs
                 from them, so nothing of the prologue lives across the loop (session 12)
@@ -265,6 +268,40 @@ _ONE_STORE_ATOMIC = [
         "                tl.store(counter, 0)  # ready for the next call (the next layer, the next"
         " step)\n",
         "                return\n",
+    ),
+]
+# session 12: `one_store` with the merge moved out of the split programs into programs of its own,
+# one a (sequence, KV head), at the grid's last z index (dispatched after every split program):
+# each waits for its splits' arrivals (polling the counter with acquire) and merges; a split
+# program ends with one store and a release increment. Wrong outputs (one_store's packing; the
+# merge reads stale maxima and row sums): what the structure costs, nothing more.
+_SEPARATE_MERGE = [
+    *_ML_DROP[:2],
+    _ONE_STORE,
+    (
+        "    context = seq_len - q_len\n",
+        "    context = seq_len - q_len\n"
+        "    if FUSED_COMBINE and split == NUM_SPLITS:\n"
+        "        cnt = counter_ptr + pid * tl.num_programs(1) + kvh\n"
+        "        lim = context + tl.minimum(qb_start + BLOCK_Q, q_len)\n"
+        "        act = tl.minimum(tl.cdiv(lim, TILE_N), NUM_SPLITS)\n"
+        '        while tl.atomic_add(cnt, 0, sem="acquire", scope="gpu") < act:\n'
+        "            pass\n"
+        "        tl.store(cnt, 0)\n"
+        "        _merge_splits(\n"
+        "            out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1),\n"
+        "            q_begin, qb_start, q_len, act, stride_ot, stride_oh, stride_od,\n"
+        "            GROUP, HEAD_DIM, D_PAD, BLOCK_Q, BLOCK_M, NUM_SPLITS,\n"
+        "        )\n"
+        "        return\n",
+    ),
+    (
+        'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:',
+        'tl.atomic_add(counter, 1, sem="release", scope="gpu")\n            if NUM_SPLITS < 0:',
+    ),
+    (
+        "    _attn_fwd[(grid0, num_kv_heads, splits)](",
+        "    _attn_fwd[(grid0, num_kv_heads, splits + fused)](",
     ),
 ]
 # session 12: ws_acc_only plus the row sums (live after the loop in ws_acc_only already: they
@@ -656,6 +693,7 @@ VARIANTS = {
     "one_store": [*_ML_DROP, _ONE_STORE],
     "one_store_atomic": _ONE_STORE_ATOMIC,
     "one_store_merge": _ONE_STORE_MERGE,
+    "separate_merge": _SEPARATE_MERGE,
     "acc_plus_outsum": _ACC_PLUS_OUTSUM,
     "ml_after": _ML_AFTER,
     "ws_only_after": [*_NO_MERGE_PATH, *_ML_AFTER],
