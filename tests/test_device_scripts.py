@@ -82,3 +82,19 @@ def test_job_vs_engine_gives_the_job_and_the_engine_the_same_requests(tmp_path: 
     assert again["exit_code"] == 0 and again["output_tokens"] == job["output_tokens"]
     # the children's Triton JIT records (the CPU path launches no Triton kernel: none)
     assert job["jit"] == {"misses": 0, "misses_in_stream": 0, "seconds_in_stream": 0.0}
+
+
+def test_the_wgmma_prototype_matches_the_reference_in_the_interpreter() -> None:
+    """`swapab_probe.py` under TRITON_INTERPRET=1 checks its decode kernel (dots turned over)
+    against the reference op: GQA groups 7, 3 and 1, blocks 16-64, 1-8 splits, NaN in unused
+    slots, a sequence of length 0; so the timings it gives on the GPU are of a correct kernel."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(DEVICE.parents[1])}
+    done = subprocess.run(
+        [sys.executable, str(DEVICE / "swapab_probe.py")],
+        cwd=DEVICE.parents[1], capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("max err") == 4
