@@ -56,6 +56,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 outputs; session 12, compiled offline only)
   one_store_atomic  one_store with the barrier and the atomic (no merge after it)
   one_store_merge   one_store with the barrier, the atomic and the fused merge
+  ptxas_O1, ptxas_cta4, ptxas_cta5, ptxas_cta6
+                the shipped kernel assembled by ptxas at --opt-level=1, or with
+                --minnctapersm=4, 5 or 6 (session 12)
   separate_merge    one_store whose merge runs in programs of its own at the grid's last z
                 index, each polling its counter until its splits have arrived (wrong
                 outputs: what the structure costs; session 12)
@@ -304,6 +307,21 @@ _SEPARATE_MERGE = [
         "    _attn_fwd[(grid0, num_kv_heads, splits + fused)](",
     ),
 ]
+
+
+# session 12: the shipped kernel assembled with other ptxas options (Triton's `ptx_options`; offline
+# `--register-usage-level`, `--maxrregcount` and `--allow-expensive-optimizations=false` leave its
+# loop as it is, these change it)
+def _ptxas(options: str) -> list[tuple[str, str]]:
+    return [
+        (
+            "        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,\n",
+            f"        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,\n"
+            f"        ptx_options={options!r},\n",
+        )
+    ]
+
+
 # session 12: ws_acc_only plus the row sums (live after the loop in ws_acc_only already: they
 # normalise the output), or plus a value computed from the output rows after the loop (their
 # sums: a cross-warp reduction, as the row sums' own), each where the maxima would go
@@ -694,6 +712,10 @@ VARIANTS = {
     "one_store_atomic": _ONE_STORE_ATOMIC,
     "one_store_merge": _ONE_STORE_MERGE,
     "separate_merge": _SEPARATE_MERGE,
+    "ptxas_O1": _ptxas("--opt-level=1"),
+    "ptxas_cta4": _ptxas("--minnctapersm=4"),
+    "ptxas_cta5": _ptxas("--minnctapersm=5"),
+    "ptxas_cta6": _ptxas("--minnctapersm=6"),
     "acc_plus_outsum": _ACC_PLUS_OUTSUM,
     "ml_after": _ML_AFTER,
     "ws_only_after": [*_NO_MERGE_PATH, *_ML_AFTER],
