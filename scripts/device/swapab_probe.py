@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_splits import _merge_splits, _split_counters
+from kernels.triton_splits import _merge_splits
 
 LOG2E = 1.4426950408889634
 
@@ -129,16 +129,11 @@ def _swap_decode(
 def swap_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, splits, tile_n=64,
                    num_warps=4, num_stages=3):  # fmt: skip
     """Decode attention (one query token a sequence) through the prototype."""
-    num_seqs, num_heads, d = q.shape
+    from proto_ab import split_workspace
+
+    num_seqs, _, d = q.shape
     _, block, hkv, _ = k_cache.shape
-    group = num_heads // hkv
-    block_m = max(16, triton.next_power_of_2(group))
-    out = torch.empty_like(q)
-    ws = (num_seqs, hkv, splits, block_m)
-    acc_ws = torch.empty((*ws, d), dtype=q.dtype, device=q.device)
-    m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
-    l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
-    counters = _split_counters(q.device, num_seqs * hkv)
+    group, block_m, out, acc_ws, m_ws, l_ws, counters = split_workspace(q, hkv, splits)
     assert q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1
     _swap_decode[(num_seqs, hkv, splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, acc_ws, m_ws, l_ws, counters,
@@ -193,49 +188,15 @@ def check_cpu() -> None:
 
 
 def main() -> None:
-    import kernels.sweep as sw
-    from kernels.bench_timing import _table, per_call_ms
-    from kernels.triton_attention import _device_info
-    from kernels.triton_splits import choose_num_splits
+    from proto_ab import against_shipped
 
-    sms = _device_info(torch.device("cuda"))[1]
     tile, warps, stages = (int(x) for x in os.environ.get("SWAP_CFG", "64,4,3").split(","))
     picked = os.environ.get("SWAP_CASES")
     cases = [CASES[int(i)] for i in picked.split(",")] if picked else CASES
     lines = [f"prototype: tile {tile}, {warps} warps, {stages} stages"]
     print(lines[0], flush=True)
-    for shape, batch, ctx in cases:
-        per_seq = -(-ctx // BLOCK)
-        ident = _table(batch, per_seq, True, "cuda")
-        rand = _table(batch, per_seq, False, "cuda")
-        q, pools, lens, cu, scale = sw._pools(shape, batch, ctx, torch.bfloat16, BLOCK, ident)
-        cfg = sw._shipped(shape, batch)
-        splits = choose_num_splits(batch, sw.SHAPES[shape][1], ctx, sms, cfg.tile_n)
-        cells = []
-        for name, t in (("identity", ident), ("random", rand)):
-            shipped = [
-                functools.partial(
-                    sw.paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg
-                )
-                for k, v, _ in pools
-            ]
-            swap = [
-                functools.partial(
-                    swap_attention, q, k, v, t, lens, scale, splits, tile, warps, stages
-                )
-                for k, v, _ in pools
-            ]
-            diff = (shipped[0]().float() - swap[0]().float()).abs().max().item()
-            times: dict[str, list[float]] = {"shipped": [], "swap": []}
-            for who in ("shipped", "swap", "swap", "shipped"):
-                times[who].append(per_call_ms(shipped if who == "shipped" else swap) * 1e3)
-            a, b = (sum(times[w]) / 2 for w in ("shipped", "swap"))
-            cells.append(f"{name}: shipped {a:6.2f} swap {b:6.2f} ({b / a:.3f}, diff {diff:.1e})")
-        line = f"{shape[:5]} {batch:3d} x {ctx:5d} b{BLOCK} splits {splits:2d}: " + "  ".join(cells)
-        print(line, flush=True)
-        lines.append(line)
-        del pools, q
-        torch.cuda.empty_cache()
+    proto = functools.partial(swap_attention, tile_n=tile, num_warps=warps, num_stages=stages)
+    lines += against_shipped("swap", proto, cases, BLOCK)
     if len(sys.argv) > 1:
         pathlib.Path(sys.argv[1]).write_text("\n".join(lines) + "\n")
 

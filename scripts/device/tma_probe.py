@@ -15,19 +15,14 @@ difference between the two outputs.
 
 from __future__ import annotations
 
-import functools
 import pathlib
 import sys
 
-import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-import kernels.sweep as sw
-from kernels.bench_timing import _table, per_call_ms
-from kernels.triton_attention import _device_info
-from kernels.triton_splits import _merge_splits, _split_counters, choose_num_splits
+from kernels.triton_splits import _merge_splits
 
 LOG2E = 1.4426950408889634
 
@@ -107,21 +102,16 @@ def _tma_decode(
 def tma_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, splits, stages=5):
     """Decode attention (one query token a sequence) through the prototype; head-major caches
     (`kernels.empty_kv_cache`'s permuted views), tile = cache block."""
-    num_seqs, num_heads, d = q.shape
+    from proto_ab import split_workspace
+
+    num_seqs, _, d = q.shape
     _, block, hkv, _ = k_cache.shape
     k2 = k_cache.transpose(1, 2).reshape(-1, d)  # [blocks x heads x positions, dim], no copy
     v2 = v_cache.transpose(1, 2).reshape(-1, d)
     assert k2.data_ptr() == k_cache.data_ptr(), "the caches must be stored head-major"
     k_desc = TensorDescriptor.from_tensor(k2, [block, d])
     v_desc = TensorDescriptor.from_tensor(v2, [block, d])
-    group = num_heads // hkv
-    block_m = max(16, triton.next_power_of_2(group))
-    out = torch.empty_like(q)
-    ws = (num_seqs, hkv, splits, block_m)
-    acc_ws = torch.empty((*ws, d), dtype=q.dtype, device=q.device)
-    m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
-    l_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
-    counters = _split_counters(q.device, num_seqs * hkv)
+    group, block_m, out, acc_ws, m_ws, l_ws, counters = split_workspace(q, hkv, splits)
     _tma_decode[(num_seqs, hkv, splits)](
         q, k_desc, v_desc, out, block_tables, seq_lens, acc_ws, m_ws, l_ws, counters,
         scale * LOG2E, block_tables.stride(0), q.stride(0), q.stride(1), out.stride(0),
@@ -139,38 +129,9 @@ BLOCK = 64
 
 
 def main() -> None:
-    sms = _device_info(torch.device("cuda"))[1]
-    lines = []
-    for shape, batch, ctx in CASES:
-        per_seq = -(-ctx // BLOCK)
-        ident = _table(batch, per_seq, True, "cuda")
-        rand = _table(batch, per_seq, False, "cuda")
-        q, pools, lens, cu, scale = sw._pools(shape, batch, ctx, torch.bfloat16, BLOCK, ident)
-        cfg = sw._shipped(shape, batch)
-        splits = choose_num_splits(batch, sw.SHAPES[shape][1], ctx, sms, cfg.tile_n)
-        cells = []
-        for name, t in (("identity", ident), ("random", rand)):
-            shipped = [
-                functools.partial(
-                    sw.paged_attention, q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg
-                )
-                for k, v, _ in pools
-            ]
-            tma = [
-                functools.partial(tma_attention, q, k, v, t, lens, scale, splits)
-                for k, v, _ in pools
-            ]
-            diff = (shipped[0]().float() - tma[0]().float()).abs().max().item()
-            times: dict[str, list[float]] = {"shipped": [], "tma": []}
-            for who in ("shipped", "tma", "tma", "shipped"):
-                times[who].append(per_call_ms(shipped if who == "shipped" else tma) * 1e3)
-            a, b = (sum(times[w]) / 2 for w in ("shipped", "tma"))
-            cells.append(f"{name}: shipped {a:6.2f} tma {b:6.2f} ({b / a:.3f}, diff {diff:.1e})")
-        line = f"{shape[:5]} {batch:3d} x {ctx:5d} b{BLOCK} splits {splits:2d}: " + "  ".join(cells)
-        print(line, flush=True)
-        lines.append(line)
-        del pools, q
-        torch.cuda.empty_cache()
+    from proto_ab import against_shipped
+
+    lines = against_shipped("tma", tma_attention, CASES, BLOCK)
     if len(sys.argv) > 1:
         pathlib.Path(sys.argv[1]).write_text("\n".join(lines) + "\n")
 
