@@ -56,6 +56,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 outputs; session 12, compiled offline only)
   one_store_atomic  one_store with the barrier and the atomic (no merge after it)
   one_store_merge   one_store with the barrier, the atomic and the fused merge
+  one_store_reset   one_store_merge whose last split only resets its counter (no merge)
+  one_store_zero_merge  one_store_merge whose last split stores zeros to its output rows
+                instead of merging (no loads; offline only)
   ptxas_O1, ptxas_cta4, ptxas_cta5, ptxas_cta6
                 the shipped kernel assembled by ptxas at --opt-level=1, or with
                 --minnctapersm=4, 5 or 6 (session 12)
@@ -306,6 +309,40 @@ _SEPARATE_MERGE = [
         "    _attn_fwd[(grid0, num_kv_heads, splits)](",
         "    _attn_fwd[(grid0, num_kv_heads, splits + fused)](",
     ),
+]
+
+
+# session 12 (offline): one_store_merge with the merge reduced to the counter's reset (no output
+# store), or to a store of zeros to the output rows (no loads)
+_MERGE_CALL = (
+    "                _merge_splits(\n"
+    "                    out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1),\n"
+)
+_ZERO_MERGE_DEF = """@triton.jit
+def _zero_merge(out_ptr, q_begin, kvh, stride_ot, stride_oh, stride_od, GROUP: tl.constexpr,
+                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D_PAD)
+    head = kvh * GROUP + rows % GROUP
+    off = q_begin.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+    mask = (rows < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
+    tl.store(out_ptr + off, tl.zeros([BLOCK_M, D_PAD], out_ptr.dtype.element_ty), mask=mask)
+
+
+"""
+_NEVER_MERGE = (_MERGE_CALL, "                if NUM_SPLITS < 0:\n    " + _MERGE_CALL)
+_ONE_STORE_RESET = [*_ONE_STORE_MERGE, _NEVER_MERGE]
+_ONE_STORE_ZERO_MERGE = [
+    *_ONE_STORE_MERGE,
+    (
+        _MERGE_CALL,
+        "                _zero_merge(\n"
+        "                    out_ptr, q_begin, kvh, stride_ot, stride_oh, stride_od, GROUP,\n"
+        "                    HEAD_DIM, D_PAD, BLOCK_M,\n"
+        "                )\n"
+        "                if NUM_SPLITS < 0:\n    " + _MERGE_CALL,
+    ),
+    ("@triton.jit\ndef _attn_fwd(\n", _ZERO_MERGE_DEF + "@triton.jit\ndef _attn_fwd(\n"),
 ]
 
 
@@ -712,6 +749,8 @@ VARIANTS = {
     "one_store_atomic": _ONE_STORE_ATOMIC,
     "one_store_merge": _ONE_STORE_MERGE,
     "separate_merge": _SEPARATE_MERGE,
+    "one_store_reset": _ONE_STORE_RESET,
+    "one_store_zero_merge": _ONE_STORE_ZERO_MERGE,
     "ptxas_O1": _ptxas("--opt-level=1"),
     "ptxas_cta4": _ptxas("--minnctapersm=4"),
     "ptxas_cta5": _ptxas("--minnctapersm=5"),
