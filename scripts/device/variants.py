@@ -57,6 +57,11 @@ that work costs, nothing more. Each line gives the largest difference from the s
   one_store_atomic  one_store with the barrier and the atomic (no merge after it)
   one_store_merge   one_store with the barrier, the atomic and the fused merge
   one_store_reset   one_store_merge whose last split only resets its counter (no merge)
+  ticket_no_merge, ticket_merge_one, ticket_merge_all
+                an epilogue where each split takes an arrival ticket first and then stores
+                once: its packed partial, or, the last (once the others have stored), its
+                merge of no, one or every other partial into the output rows (offline
+                sketches, wrong outputs; session 12)
   one_store_zero_merge  one_store_merge whose last split stores zeros to its output rows
                 instead of merging (no loads; offline only)
   ptxas_O1, ptxas_cta4, ptxas_cta5, ptxas_cta6
@@ -118,7 +123,7 @@ import pathlib
 import sys
 
 import torch
-from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
+from kernel_copy import SRC, edited_copy  # (scripts/device, the script's own folder)
 
 import kernels.sweep as sw
 from kernels.bench_timing import _table, per_call_ms
@@ -344,6 +349,74 @@ _ONE_STORE_ZERO_MERGE = [
     ),
     ("@triton.jit\ndef _attn_fwd(\n", _ZERO_MERGE_DEF + "@triton.jit\ndef _attn_fwd(\n"),
 ]
+
+
+# session 12 (offline sketches, cost-only; maxima and row sums packed as in one_store): the
+# epilogue from the shipped kernel's workspace index on, replaced by one in which each split first
+# takes an arrival ticket, then stores exactly once: a split not last its packed partial, the last
+# (after the others have stored) its merge of 0, 1 or all other partials into the output rows
+_EPILOGUE_FROM = (
+    "        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M\n"
+)
+_EPILOGUE_TO = "                )  # fmt: skip\n\n\n@triton.jit\ndef _combine_splits("
+_TICKET = (
+    _EPILOGUE_FROM
+    + """        active = tl.minimum(num_tiles, NUM_SPLITS)
+        counter = counter_ptr + pid * tl.num_programs(1) + kvh
+        stored = counter + tl.num_programs(0) * tl.num_programs(1)
+        last = tl.atomic_add(counter, 1, sem="relaxed", scope="gpu") == active - 1
+        tile = tl.where(d[None, :] == 1, l_i[:, None], out)
+        tile = tl.where(d[None, :] == 0, m_i[:, None], tile)
+        dst = acc_ws_ptr + ws * HEAD_DIM
+        if last:
+            while tl.atomic_add(stored, 0, sem="acquire", scope="gpu") < active - 1:
+                pass
+            base = (pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS * BLOCK_M
+            MERGE
+            tile = merged
+            q_row = q_begin.to(tl.int64) * (tl.num_programs(1) * GROUP) + kvh * GROUP
+            dst = out_ptr + q_row * HEAD_DIM
+        tile = tile.to(out_ptr.dtype.element_ty)
+        tl.store(dst + rows[:, None] * HEAD_DIM + d[None, :], tile, mask=o_mask)
+        if last:
+            tl.store(counter, 0)
+            tl.store(stored, 0)
+        else:
+            tl.debug_barrier()
+            tl.atomic_add(stored, 1, sem="release", scope="gpu")
+"""
+)
+_PART_LOAD = (
+    "                    part = tl.load(\n"
+    "                        acc_ws_ptr + prow[:, None] * HEAD_DIM + d[None, :], mask=o_mask,\n"
+    '                        other=0.0, cache_modifier=".cg",\n'
+    "                    ).to(tl.float32)\n"
+)
+_MERGE_ONE_MORE = (
+    "m_run = m_i\n"
+    "            total = l_i\n"
+    "            acc = out * l_i[:, None]\n"
+    "            for k in range(1, OTHERS):\n"
+    "                if True:\n"
+    "                    prow = base + ((split + k) % NUM_SPLITS) * BLOCK_M + rows\n"
+    + _PART_LOAD
+    + "                    m_s = tl.sum(tl.where(d[None, :] == 0, part, 0.0), 1)\n"
+    "                    l_s = tl.sum(tl.where(d[None, :] == 1, part, 0.0), 1)\n"
+    "                    m_new = tl.maximum(m_run, m_s)\n"
+    "                    w_run = tl.exp2(m_run - m_new)\n"
+    "                    w_s = tl.exp2(m_s - m_new) * l_s\n"
+    "                    total = total * w_run + w_s\n"
+    "                    acc = acc * w_run[:, None] + part * w_s[:, None]\n"
+    "                    m_run = m_new\n"
+    "            merged = acc / total[:, None]"
+)
+
+
+def _ticket(merge: str) -> list[tuple[str, str]]:
+    src = SRC.read_text()
+    start = src.index(_EPILOGUE_FROM)
+    end = src.index(_EPILOGUE_TO) + len("                )  # fmt: skip\n")
+    return [(src[start:end], _TICKET.replace("MERGE", merge))]
 
 
 # session 12: the shipped kernel assembled with other ptxas options (Triton's `ptx_options`; offline
@@ -750,6 +823,9 @@ VARIANTS = {
     "one_store_merge": _ONE_STORE_MERGE,
     "separate_merge": _SEPARATE_MERGE,
     "one_store_reset": _ONE_STORE_RESET,
+    "ticket_no_merge": _ticket("merged = out"),
+    "ticket_merge_one": _ticket(_MERGE_ONE_MORE.replace("OTHERS", "tl.minimum(active, 2)")),
+    "ticket_merge_all": _ticket(_MERGE_ONE_MORE.replace("OTHERS", "active")),
     "one_store_zero_merge": _ONE_STORE_ZERO_MERGE,
     "ptxas_O1": _ptxas("--opt-level=1"),
     "ptxas_cta4": _ptxas("--minnctapersm=4"),
