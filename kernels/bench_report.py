@@ -46,6 +46,52 @@ def fixed_and_streaming(decode: list[dict], bandwidth: float) -> list[dict]:
     return fits
 
 
+def targets(decode: list[dict], peer_rows: list[dict]) -> list[dict]:
+    """Issue 5's decode targets over the rows measured: per target, what was asked, the worst row
+    and every row that misses it (as "shape batch x context block"). Targets whose rows were not
+    measured (no batch >= 64 at 2K+, say) are left out.
+
+    - bandwidth: batch >= 64 and context >= 2K reach 75% of the copy bandwidth
+    - paging: a random block table costs under 3% against an identity one
+    - splits: at batch 1 and context >= 8K, split-KV is at least 5x faster than one split
+    - peers: no slower than the best peer (SDPA, compiled flex_attention) on the same shape
+    """
+    peer_of = {(r["shape"], r["batch"], r["context"]): r for r in peer_rows}
+
+    def name(r: dict) -> str:
+        return f"{r['shape']} {r['batch']} x {r['context']} block {r['block']}"
+
+    def best_peer(r: dict) -> float:
+        pr = peer_of[(r["shape"], r["batch"], r["context"])]
+        return min(ms for ms in (pr["ms_sdpa"], pr.get("ms_flex")) if ms is not None)
+
+    checks = [
+        ("decode at batch >= 64, context >= 2K: share of the copy bandwidth", ">= 75%",
+         lambda r: r["batch"] >= 64 and r["context"] >= 2048, lambda r: r["bw_fraction"],
+         min, lambda v: v >= 0.75, "{:.1%}"),
+        ("random block table against an identity one", "< +3%", lambda r: True,
+         lambda r: r["paging_overhead"], max, lambda v: v < 0.03, "{:+.1%}"),
+        ("split-KV against one split at batch 1, context >= 8K", ">= 5x",
+         lambda r: r["batch"] == 1 and r["context"] >= 8192, lambda r: r["split_speedup"],
+         min, lambda v: v >= 5, "{:.1f}x"),
+        ("time against the best peer on the same shape", "<= 1.00x", lambda r: True,
+         lambda r: r["ms_random"] / best_peer(r), max, lambda v: v <= 1.0, "{:.2f}x"),
+    ]  # fmt: skip
+    out = []
+    for what, asked, applies, value, worst_of, holds, fmt in checks:
+        rows = [r for r in decode if applies(r)]
+        if not rows:
+            continue
+        worst = worst_of(rows, key=value)
+        misses = [r for r in rows if not holds(value(r))]
+        out.append(
+            {"target": what, "asked": asked, "rows": len(rows), "worst": fmt.format(value(worst)),
+             "worst_row": name(worst), "misses": [f"{name(r)}: {fmt.format(value(r))}"
+                                                  for r in misses]}
+        )  # fmt: skip
+    return out
+
+
 def _spread(row: dict) -> str:
     """The least and most paging overhead of one adjacent pair of timings, as ` (lo..hi)`; empty
     for rows measured before the pairs were kept."""
@@ -169,6 +215,21 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
             f"| {f['shape']} | {f['batch']} | {f['block']} | {f['contexts']} | "
             f"{f['fixed_us']:.1f} | {f['rate_fraction']:.0%} | {f['worst_residual']:.1%} |"
         )
+    goals = targets(decode, peer_rows)
+    if goals:
+        lines += [
+            "",
+            "Targets of issue 5 over the rows above (`kernels.bench_report.targets`):",
+            "",
+            "| target | asked | rows | worst | worst row | rows that miss |",
+            "|---|---|---|---|---|---|",
+        ]
+        for g in goals:
+            misses = "; ".join(g["misses"]) or "none"
+            lines.append(
+                f"| {g['target']} | {g['asked']} | {g['rows']} | {g['worst']} | "
+                f"{g['worst_row']} | {misses} |"
+            )
     lines += [
         "",
         "| prefill shape | q_len | ms | floor ms | SDPA causal ms |",

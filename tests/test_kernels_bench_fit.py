@@ -152,3 +152,38 @@ def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
     assert "| shape | batch | ctx | 1 | 8 | 24 |" in text
     assert "| qwen2.5-0.5b | 8 | 2048 | 27.0 | 8.2 | - |" in text  # no record, no mark
     assert "| qwen2.5-0.5b | 8 | 8192 | 100.0 | 18.0 | 14.0* |" in text
+
+
+def test_targets_name_every_row_that_misses_and_only_those() -> None:
+    """Issue 5's targets over a bench's rows: the bandwidth target looks at batch >= 64 and
+    context >= 2K only, the split target at batch 1 and context >= 8K only; each lists exactly the
+    rows that miss, and a target with no row measured is left out."""
+    from kernels.bench_report import targets
+
+    def row(batch: int, ctx: int, block: int, bw: float, paging: float, speedup: float,
+            ms: float) -> dict:  # fmt: skip
+        return {"shape": "m", "batch": batch, "context": ctx, "block": block, "bw_fraction": bw,
+                "paging_overhead": paging, "split_speedup": speedup, "ms_random": ms}  # fmt: skip
+
+    decode = [
+        row(64, 2048, 16, 0.74, 0.031, 1.2, 0.020),  # misses bandwidth and paging
+        row(64, 2048, 64, 0.76, 0.005, 1.2, 0.019),
+        row(64, 512, 16, 0.40, 0.0, 1.0, 0.009),  # below 2K: no bandwidth target
+        row(1, 8192, 16, 0.10, 0.01, 4.5, 0.011),  # misses the split target, slower than SDPA
+        row(1, 2048, 16, 0.05, 0.0, 3.0, 0.006),  # below 8K: no split target
+    ]
+    peers = [
+        {"shape": "m", "batch": 64, "context": 2048, "ms_sdpa": 0.024, "ms_flex": 0.060},
+        {"shape": "m", "batch": 64, "context": 512, "ms_sdpa": 0.011, "ms_flex": None},
+        {"shape": "m", "batch": 1, "context": 8192, "ms_sdpa": 0.074, "ms_flex": 0.010},
+        {"shape": "m", "batch": 1, "context": 2048, "ms_sdpa": 0.022, "ms_flex": None},
+    ]
+    got = {g["asked"]: g for g in targets(decode, peers)}
+    bw, paging, splits, peer = got[">= 75%"], got["< +3%"], got[">= 5x"], got["<= 1.00x"]
+    assert (bw["rows"], bw["worst"], bw["misses"]) == (2, "74.0%", ["m 64 x 2048 block 16: 74.0%"])
+    assert paging["rows"] == 5 and paging["misses"] == ["m 64 x 2048 block 16: +3.1%"]
+    assert (splits["rows"], splits["misses"]) == (1, ["m 1 x 8192 block 16: 4.5x"])
+    # the best peer is the faster of SDPA and flex: flex at 1 x 8K (0.010 ms) beats the kernel
+    assert peer["misses"] == ["m 1 x 8192 block 16: 1.10x"]
+    assert peer["worst_row"] == "m 1 x 8192 block 16"
+    assert [g["asked"] for g in targets(decode[2:3], peers)] == ["< +3%", "<= 1.00x"]
