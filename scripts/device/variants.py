@@ -67,6 +67,9 @@ that work costs, nothing more. Each line gives the largest difference from the s
   ptxas_O1, ptxas_cta4, ptxas_cta5, ptxas_cta6
                 the shipped kernel assembled by ptxas at --opt-level=1, or with
                 --minnctapersm=4, 5 or 6 (session 12)
+  pdl_combine   one_store's split kernel without a merge, then the combine kernel launched
+                programmatically (PDL), its programs waiting for the split kernel to end;
+                time with fused_combine=0 (wrong outputs: a cost; session 12)
   separate_merge    one_store whose merge runs in programs of its own at the grid's last z
                 index, each polling its counter until its splits have arrived (wrong
                 outputs: what the structure costs; session 12)
@@ -417,6 +420,33 @@ def _ticket(merge: str) -> list[tuple[str, str]]:
     start = src.index(_EPILOGUE_FROM)
     end = src.index(_EPILOGUE_TO) + len("                )  # fmt: skip\n")
     return [(src[start:end], _TICKET.replace("MERGE", merge))]
+
+
+# session 12: one_store's split kernel with no merge in it (run with fused_combine=0), merged by the
+# combine kernel launched programmatically (PDL): its programs may start once every split program
+# has begun (they signal it first thing), and wait in `gdc_wait` for the split kernel to finish.
+# Wrong outputs (one_store's packing; the combine reads stale maxima and row sums): the cost.
+_PDL_COMBINE = [
+    *_ML_DROP[:2],
+    _ONE_STORE,
+    (
+        "    seq, qb_start = _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q, ONE_QBLOCK)\n"
+        "    # Tiles are dealt",
+        "    seq, qb_start = _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q, ONE_QBLOCK)\n"
+        "    gdc_launch_dependents()\n"
+        "    # Tiles are dealt",
+    ),
+    (
+        "    active = tl.minimum(tl.cdiv(limit, TILE_N), NUM_SPLITS)\n    _merge_splits(\n",
+        "    active = tl.minimum(tl.cdiv(limit, TILE_N), NUM_SPLITS)\n    gdc_wait()\n"
+        "    _merge_splits(\n",
+    ),
+    (
+        "            ONE_QBLOCK=one_qblock, num_warps=8 if block_m >= 64 else 4, **consts,\n",
+        "            ONE_QBLOCK=one_qblock, num_warps=8 if block_m >= 64 else 4, **consts,\n"
+        "            launch_pdl=True,\n",
+    ),
+]
 
 
 # session 12: the shipped kernel assembled with other ptxas options (Triton's `ptx_options`; offline
@@ -822,6 +852,7 @@ VARIANTS = {
     "one_store_atomic": _ONE_STORE_ATOMIC,
     "one_store_merge": _ONE_STORE_MERGE,
     "separate_merge": _SEPARATE_MERGE,
+    "pdl_combine": _PDL_COMBINE,
     "one_store_reset": _ONE_STORE_RESET,
     "ticket_no_merge": _ticket("merged = out"),
     "ticket_merge_one": _ticket(_MERGE_ONE_MORE.replace("OTHERS", "tl.minimum(active, 2)")),
