@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+import triton
 
 import kernels.sweep as sw
 from kernels.bench_timing import _table, per_call_ms
@@ -25,7 +26,7 @@ def split_workspace(q: torch.Tensor, num_kv_heads: int, splits: int):
     decode call with `splits` splits, laid out as the shipped kernel lays them out."""
     num_seqs, num_heads, d = q.shape
     group = num_heads // num_kv_heads
-    block_m = max(16, 1 << (group - 1).bit_length())
+    block_m = max(16, triton.next_power_of_2(group))  # as `tile_shape` gives shipped decode
     ws = (num_seqs, num_kv_heads, splits, block_m)
     acc_ws = torch.empty((*ws, d), dtype=q.dtype, device=q.device)
     m_ws = torch.empty(ws, dtype=torch.float32, device=q.device)
