@@ -103,6 +103,17 @@ that work costs, nothing more. Each line gives the largest difference from the s
                 predicated off on most tiles), none after it (correct)
   heads2, heads4  decode without splits, each (sequence, KV head) as 2 or 4 programs sharing its
                 query heads, each reading the whole history (the repeats from L2) (correct)
+  single_site   decode splits whose epilogue has one tile store site: the query heads repeat in
+                the dots' padding rows, so rows GROUP.. carry each row's log-sum-exp (two 16-bit
+                halves) and a split's partial is one tile; the store sits in a loop that runs
+                twice for the last split to arrive, whose second pass stores the merged rows
+                (correct; session 13, offline)
+  dup_acc_only  ws_acc_only with the query heads repeated in the padding rows (session 13)
+  site_nodup    single_site's epilogue without the repeated rows (a cost only; session 13)
+  xchg_zero_merge, atomload_merge
+                one_store_zero_merge with the zeros written by atomic exchanges, or read by
+                atomic ORs of zero and written back by exchanges: do atomics in place of the
+                merge's loads and store keep the fast loop? (cost only; session 13, offline)
 
 (`lse`, each split storing one log-sum-exp a row instead of its maximum and row sum, with a merge of
 its own, was timed in session 10 and not kept: -1.9..+1.0% against the shipped kernel, run 11 of
@@ -699,6 +710,143 @@ _M_IN_ACC = [
     ),
 ]
 
+
+# session 13: decode splits whose whole epilogue issues one tile store site. The query heads repeat
+# in the dots' padding rows (row r computes head r % GROUP), so rows GROUP..2*GROUP-1 carry the
+# log-sum-exp of rows 0..GROUP-1 in their first one (fp32) or two (16-bit halves) columns: a split's
+# partial is one tile. The store sits in a loop that runs once, or twice for the split that arrives
+# last, whose second pass stores the merged output rows (correct; needs 2 * GROUP <= BLOCK_M).
+_PACK_DEFS = '''@triton.jit
+def _pack_lse(out, lse, rows, d, GROUP: tl.constexpr, DT: tl.constexpr):
+    """`out` in the workspace dtype with `lse` written into rows GROUP.. (columns 0 and 1)."""
+    tile = out.to(DT)
+    side = (rows >= GROUP)[:, None]
+    if DT == tl.float32:
+        tile = tl.where(side & (d == 0)[None, :], lse[:, None], tile)
+    else:
+        bits = lse.to(tl.int32, bitcast=True)
+        hi = (bits >> 16).to(tl.int16).to(DT, bitcast=True)
+        lo = bits.to(tl.int16).to(DT, bitcast=True)
+        tile = tl.where(side & (d == 0)[None, :], hi[:, None], tile)
+        tile = tl.where(side & (d == 1)[None, :], lo[:, None], tile)
+    return tile
+
+
+@triton.jit
+def _unpack_lse(ws_ptr, at, ok, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The log-sum-exp `_pack_lse` put beside rows `at` (-inf where not `ok`)."""
+    side = ws_ptr + (at + GROUP) * HEAD_DIM
+    if ws_ptr.dtype.element_ty == tl.float32:
+        lse = tl.load(side, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    else:
+        hi = tl.load(side, mask=ok, other=0.0, cache_modifier=".cg").to(tl.int16, bitcast=True)
+        lo = tl.load(side + 1, mask=ok, other=0.0, cache_modifier=".cg").to(tl.int16, bitcast=True)
+        bits = (hi.to(tl.int32) << 16) | (lo.to(tl.int32) & 0xFFFF)
+        lse = tl.where(ok, bits.to(tl.float32, bitcast=True), float("-inf"))
+    return lse
+
+
+@triton.jit
+def _merge_packed(ws_ptr, base, active, row_ok, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    rows = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        at = base + s * BLOCK_M + rows
+        live = (tl.full([BLOCK_M], s, tl.int32) < active) & row_ok
+        top = tl.maximum(top, _unpack_lse(ws_ptr, at, live, GROUP, HEAD_DIM))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        at = base + s * BLOCK_M + rows
+        live = (tl.full([BLOCK_M], s, tl.int32) < active) & row_ok
+        w = tl.exp2(_unpack_lse(ws_ptr, at, live, GROUP, HEAD_DIM) - top)
+        part = tl.load(ws_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=live[:, None] & d_ok[None, :],
+                       other=0.0, cache_modifier=".cg").to(tl.float32)
+        total += w
+        acc += part * w[:, None]
+    return acc / tl.where(total == 0.0, 1.0, total)[:, None]
+
+
+@triton.jit
+def _attn_fwd(
+'''
+_PACK_EPILOGUE = '''        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
+        DT: tl.constexpr = acc_ws_ptr.dtype.element_ty
+        tile = _pack_lse(out, m_i + tl.log2(l_i), rows, d, GROUP, DT)
+        dst = acc_ws_ptr + (ws + rows)[:, None] * HEAD_DIM + d[None, :]
+        mask = (rows < 2 * GROUP)[:, None] & d_ok[None, :]
+        active = tl.minimum(num_tiles, NUM_SPLITS)
+        counter = counter_ptr + pid * tl.num_programs(1) + kvh
+        n = 1
+        i = 0
+        while i < n:
+            tl.store(dst, tile, mask=mask)
+            if i == 0:
+                tl.debug_barrier()
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
+                    tl.store(counter, 0)
+                    base = (pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS * BLOCK_M
+                    merged = _merge_packed(acc_ws_ptr, base, active, row_ok, GROUP, HEAD_DIM, D_PAD,
+                                           BLOCK_M, NUM_SPLITS)
+                    tile = merged.to(DT)
+                    dst = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+                    mask = o_mask
+                    n = 2
+            i += 1
+'''
+_EPI_TO = "                )  # fmt: skip\n\n\n@triton.jit\ndef _combine_splits("
+
+
+def _single_site() -> list[tuple[str, str]]:
+    src = SRC.read_text()
+    start = src.index(_EPILOGUE_FROM)
+    end = src.index(_EPI_TO) + len("                )  # fmt: skip\n")
+    return [
+        (src[start:end], _PACK_EPILOGUE),
+        ("@triton.jit\ndef _attn_fwd(\n", _PACK_DEFS),
+        (
+            "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n",
+            "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n"
+            "    q_ok = row_ok\n"
+            "    if BLOCK_Q == 1 and NUM_SPLITS > 1:\n"
+            "        q_ok = (qb_start + rows * 0) < q_len\n",
+        ),
+        (
+            "    q_rows = (q_begin + tok).to(tl.int64)\n",
+            "    q_rows = (q_begin + tok).to(tl.int64)\n"
+            "    if BLOCK_Q == 1 and NUM_SPLITS > 1:\n"
+            "        q_rows = (q_begin + qb_start + rows * 0).to(tl.int64)\n",
+        ),
+        (
+            "    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)\n",
+            "    q = tl.load(q_ptr + q_off, mask=q_ok[:, None] & d_ok[None, :], other=0.0)\n",
+        ),
+    ]
+
+
+_XCHG_ZERO_DEF = _ZERO_MERGE_DEF.replace(
+    "    tl.store(out_ptr + off, tl.zeros([BLOCK_M, D_PAD], out_ptr.dtype.element_ty), mask=mask)\n",
+    "    words = (out_ptr + off).to(tl.pointer_type(tl.int32))\n"
+    "    tl.atomic_xchg(words, tl.zeros([BLOCK_M, D_PAD], tl.int32), mask=mask, sem=\"relaxed\")\n",
+)
+_ONE_STORE_XCHG_MERGE = [
+    *_ONE_STORE_ZERO_MERGE[:-1],
+    ("@triton.jit\ndef _attn_fwd(\n", _XCHG_ZERO_DEF + "@triton.jit\ndef _attn_fwd(\n"),
+]
+_ONE_STORE_ATOMLOAD = [
+    *_ONE_STORE_ZERO_MERGE[:-1],
+    ("@triton.jit\ndef _attn_fwd(\n", _ZERO_MERGE_DEF.replace(
+        "    tl.store(out_ptr + off, tl.zeros([BLOCK_M, D_PAD], out_ptr.dtype.element_ty), mask=mask)\n",
+        "    words = (out_ptr + off).to(tl.pointer_type(tl.int32))\n"
+        "    x = tl.atomic_or(words, tl.zeros([BLOCK_M, D_PAD], tl.int32), mask=mask, sem=\"relaxed\")\n"
+        "    tl.atomic_xchg(words + 4096, x + 1, mask=mask, sem=\"relaxed\")\n",
+    ) + "@triton.jit\ndef _attn_fwd(\n"),
+]
+
 VARIANTS = {
     "arith_table": [
         (
@@ -889,6 +1037,11 @@ VARIANTS = {
     "lazy_ref": _LAZY_REF,
     "heads2": _head_groups(2),
     "heads4": _head_groups(4),
+    "single_site": _single_site(),
+    "dup_acc_only": [*_ML_DROP, *_single_site()[2:]],
+    "site_nodup": _single_site()[:2],
+    "xchg_zero_merge": _ONE_STORE_XCHG_MERGE,
+    "atomload_merge": _ONE_STORE_ATOMLOAD,
 }
 
 CASES = [  # (shape, batch, context)
