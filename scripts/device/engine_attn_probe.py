@@ -1,0 +1,117 @@
+"""The engine's decode attention against the same kernel on synthetic inputs:
+`python3 scripts/device/engine_attn_probe.py OUT.json [BATCH [CONTEXT]]` (default 256 1024).
+
+Session 13's engine profile (`python -m pagedctl.bench_step --profile`, Qwen2.5-0.5B shape, dummy
+weights) timed `_attn_fwd` ~13% longer than the kernel bench's line predicts for the same bytes,
+and `scripts/device/pool_probe.py` found the engine's pool layout is not why. Here, in one process:
+the engine is built as `bench_step` builds it (its decode graphs record the attention inputs of the
+bucket as they are captured), prefilled, and stepped; then, under torch.profiler (CUDA time of one
+`_attn_fwd`): the decode graph replayed (`graph`), the recorded inputs of one layer called eagerly
+(`engine_inputs`, the graph's own buffers as the last step left them), and the bench's synthetic
+inputs at the same batch and lengths (`synthetic`: `kernels.bench_timing._pool`, identity table).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+import engine.models.attention as attn_mod
+import kernels
+from engine import SamplingParams
+from engine.llm import LLM
+from kernels.bench_timing import _pool, _table
+
+RECORDED: list[tuple[tuple, dict]] = []
+
+
+def _recording(*args, **kwargs):
+    q, max_seqlen_q = args[0], args[6]
+    if max_seqlen_q <= 1 and q.shape[0] == BATCH and not RECORDED:
+        RECORDED.append((args, kwargs))
+    return kernels.paged_attention(*args, **kwargs)
+
+
+def _attn_us(fn, repeats: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    [ev] = [e for e in prof.key_averages() if e.key == "_attn_fwd"]
+    return ev.self_device_time_total / ev.count
+
+
+def _describe(args: tuple) -> dict:
+    names = ["q", "k_cache", "v_cache", "block_tables", "seq_lens", "cu_seqlens_q"]
+    out = {}
+    for name, t in zip(names, args[:6], strict=True):
+        out[name] = {
+            "shape": list(t.shape),
+            "stride": list(t.stride()),
+            "dtype": str(t.dtype),
+            "ptr_mod_16": t.data_ptr() % 16,
+        }
+    out["max_seqlen_q"], out["max_seqlen_k"], out["scale"] = args[6], args[7], args[8]
+    return out
+
+
+BATCH = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    context = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+    attn_mod.paged_attention = _recording  # before the LLM captures its graphs
+    llm = LLM(
+        "qwen2.5-0.5b-instruct", load_format="dummy", device="cuda", max_num_seqs=BATCH, seed=0
+    )
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.6, max_tokens=200, ignore_eos=True)
+    for i in range(BATCH):
+        llm.tracker.add(i, [rng.randrange(10000) for _ in range(context)], params, llm.scheduler)
+    sched = llm.scheduler
+    while sched.waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in sched.running):
+        llm.step()
+    for _ in range(40):
+        llm.step()
+    torch.cuda.synchronize()
+    assert RECORDED, "no decode attention of this batch was captured"
+    args, kwargs = RECORDED[0]
+    lens = args[4]
+    ctx = int(lens.max())
+    assert int(lens.min()) == ctx, "lengths differ"
+    bucket = llm.runner.graphs.pick(BATCH, BATCH, decode=True)
+    graph = llm.runner.graphs[bucket].graph
+    result = {"batch": BATCH, "context_now": ctx, "inputs": _describe(args)}
+    result["graph"] = _attn_us(graph.replay)
+    result["engine_inputs"] = _attn_us(lambda: kernels.paged_attention(*args, **kwargs))
+    table = _table(BATCH, -(-ctx // 16), True, "cuda")
+    k, v, table = _pool(BATCH, ctx, 16, 2, 64, torch.bfloat16, "cuda", table)
+    q = torch.randn(BATCH, 14, 64, dtype=torch.bfloat16, device="cuda")
+    cu = torch.arange(BATCH + 1, dtype=torch.int32, device="cuda")
+    lens_s = torch.full((BATCH,), ctx, dtype=torch.int32, device="cuda")
+    result["synthetic"] = _attn_us(
+        lambda: kernels.paged_attention(q, k, v, table, lens_s, cu, 1, ctx, 64**-0.5)
+    )
+    # the engine's inputs one at a time in place of the synthetic ones
+    swaps = {
+        "engine_q": (args[0], k, v, table, lens_s, cu, 1, ctx),
+        "engine_cache": (q, args[1], args[2], args[3], lens_s, cu, 1, ctx),
+        "engine_table_lens": (q, args[1], args[2], args[3], args[4], args[5], 1, ctx),
+        "engine_max_k": (q, k, v, table, lens_s, cu, 1, args[7]),
+    }
+    for name, a in swaps.items():
+        result[name] = _attn_us(lambda a=a: kernels.paged_attention(*a, 64**-0.5, **kwargs))
+    print(json.dumps({k: v for k, v in result.items() if k != "inputs"}))
+    print(json.dumps(result["inputs"]))
+    out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
