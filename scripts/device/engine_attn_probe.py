@@ -5,15 +5,18 @@ Session 13's engine profile (`python -m pagedctl.bench_step --profile`, Qwen2.5-
 weights) timed `_attn_fwd` ~13% longer than the kernel bench's line predicts for the same bytes,
 and `scripts/device/pool_probe.py` found the engine's pool layout is not why. Here, in one process:
 the engine is built as `bench_step` builds it (its decode graphs record the attention inputs of the
-bucket as they are captured), prefilled, and stepped; then, under torch.profiler (CUDA time of one
-`_attn_fwd`): the decode graph replayed (`graph`), the recorded inputs of one layer called eagerly
-(`engine_inputs`, the graph's own buffers as the last step left them), and the bench's synthetic
-inputs at the same batch and lengths (the engine's, copied; `synthetic`:
-`kernels.bench_timing._pool`, identity table).
+bucket's 24 layers as they are captured), prefilled, and stepped; then, under torch.profiler (CUDA
+time of one `_attn_fwd`): the decode graph replayed (`graph`), the recorded inputs of the 24 layers
+called eagerly in turn (`engine_inputs`, the graph's own buffers as the last step left them; again
+with an MLP-sized GEMM before each, `engine_inputs_after_gemm`), and the bench's synthetic inputs at
+the same batch and lengths (the engine's, copied), 24 pools (`synthetic`:
+`kernels.bench_timing._pool`, identity table). Every variant reads 24 layers' distinct caches, so
+none is served from L2 by repeating one layer.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -28,21 +31,25 @@ from engine.llm import LLM
 from kernels.bench_timing import _pool, _table
 
 RECORDED: list[tuple[tuple, dict]] = []
+LAYERS = 24
 
 
 def _recording(*args, **kwargs):
     q, max_seqlen_q = args[0], args[6]
-    if max_seqlen_q <= 1 and q.shape[0] == BATCH and not RECORDED:
-        RECORDED.append((args, kwargs))
+    if max_seqlen_q <= 1 and q.shape[0] == BATCH and len(RECORDED) < LAYERS:
+        RECORDED.append((args, kwargs))  # the bucket's capture: one call a layer
     return kernels.paged_attention(*args, **kwargs)
 
 
-def _attn_us(fn, repeats: int = 5) -> float:
-    fn()
+def _attn_us(fns, repeats: int = 3) -> float:
+    """Mean CUDA time of one `_attn_fwd` over `repeats` passes of `fns` (each called in turn)."""
+    for fn in fns:
+        fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
-            fn()
+            for fn in fns:
+                fn()
         torch.cuda.synchronize()
     [ev] = [e for e in prof.key_averages() if e.key == "_attn_fwd"]
     return ev.self_device_time_total / ev.count
@@ -82,33 +89,32 @@ def main() -> None:
     for _ in range(40):
         llm.step()
     torch.cuda.synchronize()
-    assert RECORDED, "no decode attention of this batch was captured"
-    args, kwargs = RECORDED[0]
+    assert len(RECORDED) == LAYERS, f"{len(RECORDED)} decode attention calls of this batch captured"
+    args = RECORDED[0][0]
     lens = args[4]
     ctx = int(lens.max())
     bucket = llm.runner.graphs.pick(BATCH, BATCH, decode=True)
     graph = llm.runner.graphs[bucket].graph
     result = {"batch": BATCH, "context_max": ctx, "context_min": int(lens.min())}
     result |= {"context_mean": lens.float().mean().item(), "inputs": _describe(args)}
-    result["graph"] = _attn_us(graph.replay)
-    result["engine_inputs"] = _attn_us(lambda: kernels.paged_attention(*args, **kwargs))
+    result["graph"] = _attn_us([graph.replay])
+    engine_calls = [functools.partial(kernels.paged_attention, *a, **kw) for a, kw in RECORDED]
+    result["engine_inputs"] = _attn_us(engine_calls)
+    x = torch.randn(BATCH, 896, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(896, 9728, dtype=torch.bfloat16, device="cuda")
+    with_gemm = [fn for call in engine_calls for fn in (lambda: x @ w, call)]
+    result["engine_inputs_after_gemm"] = _attn_us(with_gemm)
     table = _table(BATCH, -(-ctx // 16), True, "cuda")
-    k, v, table = _pool(BATCH, ctx, 16, 2, 64, torch.bfloat16, "cuda", table)
+    pools = [_pool(BATCH, ctx, 16, 2, 64, torch.bfloat16, "cuda", table) for _ in RECORDED]
     q = torch.randn(BATCH, 14, 64, dtype=torch.bfloat16, device="cuda")
     cu = torch.arange(BATCH + 1, dtype=torch.int32, device="cuda")
     lens_s = lens.clone()  # the engine's lengths (they differ by when each prefill ended)
     result["synthetic"] = _attn_us(
-        lambda: kernels.paged_attention(q, k, v, table, lens_s, cu, 1, ctx, 64**-0.5)
+        [
+            functools.partial(kernels.paged_attention, q, k, v, t, lens_s, cu, 1, ctx, 0.125)
+            for k, v, t in pools
+        ]
     )
-    # the engine's inputs one at a time in place of the synthetic ones
-    swaps = {
-        "engine_q": (args[0], k, v, table, lens_s, cu, 1, ctx),
-        "engine_cache": (q, args[1], args[2], args[3], lens_s, cu, 1, ctx),
-        "engine_table_lens": (q, args[1], args[2], args[3], args[4], args[5], 1, ctx),
-        "engine_max_k": (q, k, v, table, lens_s, cu, 1, args[7]),
-    }
-    for name, a in swaps.items():
-        result[name] = _attn_us(lambda a=a: kernels.paged_attention(*a, 64**-0.5, **kwargs))
     print(json.dumps({k: v for k, v in result.items() if k != "inputs"}))
     print(json.dumps(result["inputs"]))
     out.write_text(json.dumps(result, indent=1))
