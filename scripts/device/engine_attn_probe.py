@@ -80,7 +80,7 @@ def main() -> None:
         "qwen2.5-0.5b-instruct", load_format="dummy", device="cuda", max_num_seqs=BATCH, seed=0
     )
     rng = random.Random(0)
-    params = SamplingParams(temperature=0.6, max_tokens=200, ignore_eos=True)
+    params = SamplingParams(temperature=0.6, max_tokens=2000, ignore_eos=True)
     for i in range(BATCH):
         llm.tracker.add(i, [rng.randrange(10000) for _ in range(context)], params, llm.scheduler)
     sched = llm.scheduler
@@ -89,6 +89,8 @@ def main() -> None:
     for _ in range(40):
         llm.step()
     torch.cuda.synchronize()
+    # no sequence has finished: the bucket's graph buffers hold a live step's inputs
+    assert len(sched.running) == BATCH
     assert len(RECORDED) == LAYERS, f"{len(RECORDED)} decode attention calls of this batch captured"
     args = RECORDED[0][0]
     lens = args[4]
