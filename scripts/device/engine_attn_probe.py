@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
+from pool_probe import kernel_us  # (scripts/device, the script's own folder)
 
 import engine.models.attention as attn_mod
 import kernels
@@ -39,20 +40,6 @@ def _recording(*args, **kwargs):
     if max_seqlen_q <= 1 and q.shape[0] == BATCH and len(RECORDED) < LAYERS:
         RECORDED.append((args, kwargs))  # the bucket's capture: one call a layer
     return kernels.paged_attention(*args, **kwargs)
-
-
-def _attn_us(fns, repeats: int = 3) -> float:
-    """Mean CUDA time of one `_attn_fwd` over `repeats` passes of `fns` (each called in turn)."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            for fn in fns:
-                fn()
-        torch.cuda.synchronize()
-    [ev] = [e for e in prof.key_averages() if e.key == "_attn_fwd"]
-    return ev.self_device_time_total / ev.count
 
 
 def _describe(args: tuple) -> dict:
@@ -99,19 +86,19 @@ def main() -> None:
     graph = llm.runner.graphs[bucket].graph
     result = {"batch": BATCH, "context_max": ctx, "context_min": int(lens.min())}
     result |= {"context_mean": lens.float().mean().item(), "inputs": _describe(args)}
-    result["graph"] = _attn_us([graph.replay])
+    result["graph"] = kernel_us([graph.replay])
     engine_calls = [functools.partial(kernels.paged_attention, *a, **kw) for a, kw in RECORDED]
-    result["engine_inputs"] = _attn_us(engine_calls)
+    result["engine_inputs"] = kernel_us(engine_calls)
     x = torch.randn(BATCH, 896, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(896, 9728, dtype=torch.bfloat16, device="cuda")
     with_gemm = [fn for call in engine_calls for fn in (lambda: x @ w, call)]
-    result["engine_inputs_after_gemm"] = _attn_us(with_gemm)
+    result["engine_inputs_after_gemm"] = kernel_us(with_gemm)
     table = _table(BATCH, -(-ctx // 16), True, "cuda")
     pools = [_pool(BATCH, ctx, 16, 2, 64, torch.bfloat16, "cuda", table) for _ in RECORDED]
     q = torch.randn(BATCH, 14, 64, dtype=torch.bfloat16, device="cuda")
     cu = torch.arange(BATCH + 1, dtype=torch.int32, device="cuda")
     lens_s = lens.clone()  # the engine's lengths (they differ by when each prefill ended)
-    result["synthetic"] = _attn_us(
+    result["synthetic"] = kernel_us(
         [
             functools.partial(kernels.paged_attention, q, k, v, t, lens_s, cu, 1, ctx, 0.125)
             for k, v, t in pools

@@ -3,7 +3,7 @@
 # and the layer-stacked decode config sweep.
 timeout 200 python3 -m pagedctl.bench_step --batch 256 --num-scheduler-steps 1 8 --profile --out "$OUT" > "$OUT/step.log" 2>&1
 grep -A1 "^batch" "$OUT/step.log"
-timeout 60 python3 scripts/device/attn_pool.py 2>&1 | tail -4
+timeout 90 python3 scripts/device/pool_probe.py "$OUT/pool.json" 256:1074 2>&1 | tail -1
 timeout 280 python3 -m kernels.sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
 python3 - <<'P'
 import json, os
