@@ -182,6 +182,28 @@ def test_recipe_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
     assert code == 2 and "unknown keys ['block_sizes']" in out
 
 
+def test_the_step_graphs_pool_counts_unless_graphs_are_off(tmp_path: Path) -> None:
+    base = ["--model", "qwen2.5-0.5b-instruct", "--gpu", "t4", "--no-sim", "--out", tmp_path]
+    code, out = invoke(*base, "--name", "graphs")
+    assert code == 0, out
+    code, out = invoke(*base, "--no-cuda-graphs", "--name", "eager")
+    assert code == 0, out
+    graphs, eager = result(tmp_path, "graphs"), result(tmp_path, "eager")
+    assert "+ CUDA-graph reserve" in " ".join(graphs["header"])
+    assert "no CUDA-graph reserve" in " ".join(eager["header"])
+    assert "--no-cuda-graphs" in eager["command"]
+    mem_g, mem_e = graphs["memory"], eager["memory"]
+    assert mem_g["graph_reserve_bytes"] == mem_g["activation_peak_bytes"] > 0
+    assert mem_e["graph_reserve_bytes"] == 0
+    assert mem_g["non_kv_bytes"] - mem_e["non_kv_bytes"] == mem_g["graph_reserve_bytes"]
+    blocks = [d["sections"]["pool"][0]["num_blocks"] for d in (graphs, eager)]
+    assert blocks[0] < blocks[1]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: tiny-llama\ngpu: t4\ncuda_graphs: maybe\n")
+    code, out = invoke("--recipe", recipe, "--out", tmp_path)
+    assert code == 2 and "cuda_graphs: expected true or false" in out
+
+
 def test_plot_writes_charts(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     code, out = invoke(

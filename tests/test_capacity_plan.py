@@ -77,9 +77,22 @@ def test_whole_card_reservations_and_the_estimated_non_kv() -> None:
     mem, _, _, caps = sections(inputs)
     assert mem.weights_bytes == 494_032_768 * 2
     assert (mem.batched_tokens, mem.logit_rows) == scheduler_budget(inputs.card.total_bytes)
-    assert mem.non_kv_bytes == mem.weights_bytes + mem.activation_peak_bytes
+    # the engine's step graphs keep a pool as large as the profiled peak (its default on CUDA)
+    assert mem.graph_reserve_bytes == mem.activation_peak_bytes > 0
+    assert mem.non_kv_bytes == mem.weights_bytes + 2 * mem.activation_peak_bytes
     card = inputs.card.total_bytes - mem.weights_bytes - 256 * 2**20
     assert caps[128]["contiguous_whole_card"] == card // (2048 * 12288)
+
+
+def test_without_cuda_graphs_the_estimate_reserves_no_graph_pool() -> None:
+    card = resolve_card(None, "t4")
+    with_graphs = plan.memory(seed_inputs(non_kv_bytes=None, card=card))
+    eager = plan.memory(seed_inputs(non_kv_bytes=None, card=card, cuda_graphs=False))
+    assert eager.graph_reserve_bytes == 0
+    assert eager.non_kv_bytes == with_graphs.non_kv_bytes - with_graphs.activation_peak_bytes
+    # a given figure is taken as it is, graphs or not
+    given = plan.memory(seed_inputs(card=card))
+    assert given.given and given.graph_reserve_bytes == 0
 
 
 def test_seed_block_waste_within_a_third_of_a_point() -> None:

@@ -30,6 +30,7 @@ def fake_memory(g: float) -> dict:
         "total_bytes": 140 * GiB,
         "utilization": g,
         "cuda_graph_bytes": 64 * 2**20,
+        "cuda_graph_reserve_bytes": int(0.5 * GiB),
     }
 
 
@@ -53,6 +54,10 @@ def test_engine_probe_loads_once_and_reconfigures() -> None:
     (built,) = FakeLLM.built
     assert built["load_format"] == "dummy" and built["device"] == "cuda"
     assert built["gpu_memory_utilization"] == 0.5 and built["block_size"] == 16
+    assert built["cuda_graphs"] is True  # as the estimate counts the graphs' pool by default
+    FakeLLM.built = []
+    probe.probe_engine("m", [0.9], 16, "bfloat16", 2048, FakeLLM, cuda_graphs=False)
+    assert FakeLLM.built[0]["cuda_graphs"] is False
 
 
 def test_an_engine_without_the_memory_contract_is_a_clear_error() -> None:
@@ -77,7 +82,8 @@ def test_probe_rows_put_measured_beside_estimated() -> None:
         "contiguous_whole_card": 5800,
         "weights_bytes": 988_065_536,
         "activation_peak_bytes": int(0.4 * GiB),
-        "non_kv_bytes": 988_065_536 + int(0.4 * GiB),
+        "graph_reserve_bytes": int(0.4 * GiB),
+        "non_kv_bytes": 988_065_536 + int(0.8 * GiB),
         "pools": {0.5: 480},
     }
     contiguous = {
@@ -89,6 +95,7 @@ def test_probe_rows_put_measured_beside_estimated() -> None:
     card = rows["contiguous max-len reservations, whole card"]
     assert (card["estimate"], card["measured"], card["diff"]) == ("5,800", "5,742", "-1.0%")
     assert rows["activation peak @0.5"]["diff"] == "+25.0%"
+    assert rows["CUDA-graph reserve @0.5"]["diff"] == "+25.0%"
     assert rows["KV blocks of 16 @0.5"]["measured"] == "500"
     assert rows["CUDA context and other processes"]["measured"] == "512.00 MiB"
     assert rows["CUDA graphs @0.5 (outside the budget)"]["estimate"] == "-"

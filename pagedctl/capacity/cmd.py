@@ -79,6 +79,11 @@ def capacity(
     cuda_context: str | None = typer.Option(
         None, "--cuda-context", help="CUDA context, for whole-card reservations [256MiB]."
     ),
+    cuda_graphs: bool | None = typer.Option(
+        None,
+        "--cuda-graphs/--no-cuda-graphs",
+        help="Count the pool the engine's step graphs keep (its default on CUDA) [on].",
+    ),
     no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulation."),
     probe: bool = typer.Option(False, "--probe", help="Measure on this machine's GPU."),
     plot: bool = typer.Option(False, "--plot", help="Also write PNG charts (matplotlib)."),
@@ -120,6 +125,9 @@ def capacity(
     run.emit(plot)
 
 
+NEGATABLE = ("cuda_graphs",)  # flags given as --X/--no-X: False is a choice, not an absence
+
+
 def _command_line(given: dict[str, Any]) -> str:
     """The command as the user typed it, rebuilt from the options that were given."""
     words = ["pagedctl", "capacity"]
@@ -127,6 +135,8 @@ def _command_line(given: dict[str, Any]) -> str:
         flag = "--" + key.replace("_", "-")
         if value is True:
             words.append(flag)
+        elif value is False and key in NEGATABLE:
+            words.append("--no-" + flag[2:])
         elif (
             value is not None
             and value is not False

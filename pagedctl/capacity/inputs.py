@@ -92,7 +92,14 @@ def plan_inputs(s: dict, fp: ModelFootprint, dtype: str, nbytes: int) -> plan.Pl
         num_blocks=num_blocks,
         cuda_context_bytes=bytes_or_none(s["cuda_context"], "--cuda-context") or 0,
         shared_prefix=int(s.get("shared_prefix") or 0),
+        cuda_graphs=_flag(s.get("cuda_graphs", True), "cuda_graphs"),
     )
+
+
+def _flag(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise typer.BadParameter(f"{what}: expected true or false, got {value!r}")
 
 
 def lengths_of(s: dict, fp: ModelFootprint, max_len: int) -> Lengths | None:

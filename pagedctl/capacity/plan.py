@@ -32,6 +32,7 @@ class PlanInputs:
     num_blocks: int | None = None
     cuda_context_bytes: int = 256 * 2**20
     shared_prefix: int = 0
+    cuda_graphs: bool = True
 
     @property
     def layout(self) -> KVLayout:
@@ -48,21 +49,25 @@ class Memory:
     logit_rows: int | None
     non_kv_bytes: int
     given: bool
+    graph_reserve_bytes: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def memory(inputs: PlanInputs) -> Memory:
-    """Weights (params x dtype) + the estimated activation peak of the engine's profile step,
-    unless `--non-kv-memory` gave the figure."""
+    """Weights (params x dtype) + the estimated activation peak of the engine's profile step +
+    the pool its step graphs keep (with CUDA graphs on, the engine's default: as large as that
+    peak, as `engine.profiling.cuda_kv_budget` reserves it), unless `--non-kv-memory` gave the
+    figure."""
     weights = inputs.footprint.weights_bytes(inputs.dtype_bytes)
     total = inputs.card.total_bytes if inputs.card else 0
     tokens, rows = scheduler_budget(total)
     act = activation_peak_bytes(inputs.footprint.config, inputs.dtype_bytes, tokens, rows)
     if inputs.non_kv_bytes is not None:
         return Memory(weights, act, tokens, rows, inputs.non_kv_bytes, True)
-    return Memory(weights, act, tokens, rows, weights + act, False)
+    graphs = act if inputs.cuda_graphs else 0
+    return Memory(weights, act, tokens, rows, weights + act + graphs, False, graphs)
 
 
 def pools(inputs: PlanInputs, mem: Memory) -> dict[tuple[float | None, int], Pool]:

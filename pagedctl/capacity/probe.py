@@ -70,8 +70,10 @@ def probe_engine(
     dtype: str,
     max_len: int,
     make_llm: Callable | None = None,
+    cuda_graphs: bool = True,
 ) -> list[dict]:
-    """`LLM(...).memory` at each memory fraction (one model load, `reconfigure` for the rest)."""
+    """`LLM(...).memory` at each memory fraction (one model load, `reconfigure` for the rest),
+    with or without step graphs, as the estimate counts them."""
     if make_llm is None:
         from engine.llm import LLM as make_llm
     llm = make_llm(
@@ -82,6 +84,7 @@ def probe_engine(
         gpu_memory_utilization=gpu_mems[0],
         block_size=block_size,
         max_model_len=max_len,
+        cuda_graphs=cuda_graphs,
     )
     rows = [_memory_of(llm)]
     for g in gpu_mems[1:]:
@@ -98,6 +101,7 @@ def probe_engine(
                 gpu_memory_utilization=g,
                 block_size=block_size,
                 max_model_len=max_len,
+                cuda_graphs=cuda_graphs,
             )
         rows.append(_memory_of(llm))
     del llm
@@ -129,7 +133,8 @@ def probe_rows(estimate: dict, contiguous: dict | None, engine: list[dict]) -> l
     """Measured figures beside the estimates of sections 1-2.
 
     `estimate` holds `total_bytes`, `contiguous_whole_card`, `cuda_context_bytes`,
-    `weights_bytes`, `activation_peak_bytes`, `non_kv_bytes` and `pools`: {fraction: blocks}.
+    `weights_bytes`, `activation_peak_bytes`, `graph_reserve_bytes` (optional), `non_kv_bytes`
+    and `pools`: {fraction: blocks}.
     """
     rows: list[dict] = []
 
@@ -171,6 +176,13 @@ def probe_rows(estimate: dict, contiguous: dict | None, engine: list[dict]) -> l
             mem["activation_peak_bytes"],
             "bytes",
         )
+        if "cuda_graph_reserve_bytes" in mem:
+            add(
+                f"CUDA-graph reserve @{g:g}",
+                estimate.get("graph_reserve_bytes"),
+                mem["cuda_graph_reserve_bytes"],
+                "bytes",
+            )
         add(f"non-KV memory @{g:g}", estimate["non_kv_bytes"], mem["non_kv_bytes"], "bytes")
         add(
             f"KV blocks of {mem['block_size']} @{g:g}",

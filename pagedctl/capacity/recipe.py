@@ -37,6 +37,7 @@ KEYS = (
     "requests",
     "seed",
     "cuda_context",
+    "cuda_graphs",
     "compare",
     "compare_source",
     "notes",

@@ -146,6 +146,7 @@ class CapacityRun:
                 inp.block_sizes[0],
                 self.dtype,
                 inp.max_len,
+                cuda_graphs=inp.cuda_graphs,
             )
         except (probe.ProbeError, ValueError) as e:
             engine, notes = [], [f"engine not probed: {e}"]
@@ -155,6 +156,7 @@ class CapacityRun:
             "contiguous_whole_card": plan.contiguous_whole_card(inp, self.mem),
             "weights_bytes": self.mem.weights_bytes,
             "activation_peak_bytes": self.mem.activation_peak_bytes,
+            "graph_reserve_bytes": self.mem.graph_reserve_bytes,
             "non_kv_bytes": self.mem.non_kv_bytes,
             "pools": {
                 g: p.num_blocks for (g, bs), p in self.pools.items() if bs == inp.block_sizes[0]
@@ -201,11 +203,17 @@ class CapacityRun:
                 f"{mem.non_kv_bytes / 1e9:.2f} GB (given)"
             )
         else:
+            graphs = (
+                f" + CUDA-graph reserve {format_bytes(mem.graph_reserve_bytes)} (the pool the "
+                "engine's step graphs keep, as large as that peak; --no-cuda-graphs: none)"
+                if mem.graph_reserve_bytes
+                else " (no CUDA-graph reserve: --no-cuda-graphs)"
+            )
             lines.append(
                 f"non-KV memory: {format_bytes(mem.non_kv_bytes)} = weights "
                 f"{format_bytes(mem.weights_bytes)} + activation peak "
                 f"{format_bytes(mem.activation_peak_bytes)} (estimated for the engine's profile "
-                f"step: {mem.batched_tokens:,} tokens, {mem.logit_rows:,} logit rows)"
+                f"step: {mem.batched_tokens:,} tokens, {mem.logit_rows:,} logit rows){graphs}"
             )
         lines += [f"note: {n}" for n in (*fp.notes, *(self.lengths.notes if self.lengths else ()))]
         if self.lengths is None:

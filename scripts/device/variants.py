@@ -764,8 +764,9 @@ def _merge_packed(ws_ptr, base, active, row_ok, GROUP: tl.constexpr, HEAD_DIM: t
         at = base + s * BLOCK_M + rows
         live = (tl.full([BLOCK_M], s, tl.int32) < active) & row_ok
         w = tl.exp2(_unpack_lse(ws_ptr, at, live, GROUP, HEAD_DIM) - top)
-        part = tl.load(ws_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=live[:, None] & d_ok[None, :],
-                       other=0.0, cache_modifier=".cg").to(tl.float32)
+        part_ok = live[:, None] & d_ok[None, :]
+        part = tl.load(ws_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=part_ok, other=0.0,
+                       cache_modifier=".cg").to(tl.float32)
         total += w
         acc += part * w[:, None]
     return acc / tl.where(total == 0.0, 1.0, total)[:, None]
@@ -774,8 +775,9 @@ def _merge_packed(ws_ptr, base, active, row_ok, GROUP: tl.constexpr, HEAD_DIM: t
 @triton.jit
 def _attn_fwd(
 '''
-_PACK_EPILOGUE = '''        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) * NUM_SPLITS + split) * BLOCK_M
-        DT: tl.constexpr = acc_ws_ptr.dtype.element_ty
+_PACK_EPILOGUE = (
+    _EPILOGUE_FROM
+    + """        DT: tl.constexpr = acc_ws_ptr.dtype.element_ty
         tile = _pack_lse(out, m_i + tl.log2(l_i), rows, d, GROUP, DT)
         dst = acc_ws_ptr + (ws + rows)[:, None] * HEAD_DIM + d[None, :]
         mask = (rows < 2 * GROUP)[:, None] & d_ok[None, :]
@@ -793,11 +795,13 @@ _PACK_EPILOGUE = '''        ws = ((pid.to(tl.int64) * tl.num_programs(1) + kvh) 
                     merged = _merge_packed(acc_ws_ptr, base, active, row_ok, GROUP, HEAD_DIM, D_PAD,
                                            BLOCK_M, NUM_SPLITS)
                     tile = merged.to(DT)
-                    dst = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+                    o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh
+                    dst = out_ptr + o_off + d[None, :] * stride_od
                     mask = o_mask
                     n = 2
             i += 1
-'''
+"""
+)
 _EPI_TO = "                )  # fmt: skip\n\n\n@triton.jit\ndef _combine_splits("
 
 
@@ -828,10 +832,11 @@ def _single_site() -> list[tuple[str, str]]:
     ]
 
 
+_ZERO_STORE = next(line for line in _ZERO_MERGE_DEF.splitlines(True) if "tl.store" in line)
 _XCHG_ZERO_DEF = _ZERO_MERGE_DEF.replace(
-    "    tl.store(out_ptr + off, tl.zeros([BLOCK_M, D_PAD], out_ptr.dtype.element_ty), mask=mask)\n",
+    _ZERO_STORE,
     "    words = (out_ptr + off).to(tl.pointer_type(tl.int32))\n"
-    "    tl.atomic_xchg(words, tl.zeros([BLOCK_M, D_PAD], tl.int32), mask=mask, sem=\"relaxed\")\n",
+    '    tl.atomic_xchg(words, tl.zeros([BLOCK_M, D_PAD], tl.int32), mask=mask, sem="relaxed")\n',
 )
 _ONE_STORE_XCHG_MERGE = [
     *_ONE_STORE_ZERO_MERGE[:-1],
@@ -839,12 +844,17 @@ _ONE_STORE_XCHG_MERGE = [
 ]
 _ONE_STORE_ATOMLOAD = [
     *_ONE_STORE_ZERO_MERGE[:-1],
-    ("@triton.jit\ndef _attn_fwd(\n", _ZERO_MERGE_DEF.replace(
-        "    tl.store(out_ptr + off, tl.zeros([BLOCK_M, D_PAD], out_ptr.dtype.element_ty), mask=mask)\n",
-        "    words = (out_ptr + off).to(tl.pointer_type(tl.int32))\n"
-        "    x = tl.atomic_or(words, tl.zeros([BLOCK_M, D_PAD], tl.int32), mask=mask, sem=\"relaxed\")\n"
-        "    tl.atomic_xchg(words + 4096, x + 1, mask=mask, sem=\"relaxed\")\n",
-    ) + "@triton.jit\ndef _attn_fwd(\n"),
+    (
+        "@triton.jit\ndef _attn_fwd(\n",
+        _ZERO_MERGE_DEF.replace(
+            _ZERO_STORE,
+            "    words = (out_ptr + off).to(tl.pointer_type(tl.int32))\n"
+            "    x = tl.atomic_or(words, tl.zeros([BLOCK_M, D_PAD], tl.int32), mask=mask,\n"
+            '                     sem="relaxed")\n'
+            '    tl.atomic_xchg(words + 4096, x + 1, mask=mask, sem="relaxed")\n',
+        )
+        + "@triton.jit\ndef _attn_fwd(\n",
+    ),
 ]
 
 VARIANTS = {
