@@ -98,3 +98,51 @@ def test_the_wgmma_prototype_matches_the_reference_in_the_interpreter() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("max err") == 4
+
+
+_SINGLE_SITE_CHECK = """
+import sys
+import torch
+from kernel_copy import edited_copy
+import variants
+from kernels import reference
+from kernels.configs import AttentionConfig
+
+mod = edited_copy("single_site", variants.VARIANTS["single_site"])
+torch.manual_seed(0)
+cfg = AttentionConfig(16, 32, 4, 1, min_rows=16, fused_combine=True)  # rows 16 >= 2 x GROUP
+for dtype, (hq, hkv), splits in ((torch.float16, (14, 2), 3), (torch.float32, (9, 3), 5)):
+    lens = torch.tensor([1, 17, 100, 250], dtype=torch.int32)
+    k = torch.randn(80, 16, hkv, 64, dtype=dtype)
+    v = torch.randn(80, 16, hkv, 64, dtype=dtype)
+    table = torch.randperm(80)[:64].reshape(4, 16).to(torch.int32)
+    for i, n in enumerate(lens.tolist()):  # NaN in every slot past a sequence's length
+        for pos in range(n, 256):
+            k[table[i, pos // 16], pos % 16] = float("nan")
+            v[table[i, pos // 16], pos % 16] = float("nan")
+    q = torch.randn(4, hq, 64, dtype=dtype)
+    cu = torch.arange(5, dtype=torch.int32)
+    ref = reference.paged_attention(q.float(), k.float(), v.float(), table, lens, cu, 1, 256, 0.125)
+    out = mod.paged_attention(q, k, v, table, lens, cu, 1, 256, 0.125, splits, cfg)
+    err = (out.float() - ref).abs().max().item()
+    print("max err", dtype, hq, hkv, splits, err)
+    assert err < (2e-3 if dtype == torch.float16 else 1e-5), err
+"""
+
+
+def test_the_single_store_site_merge_matches_the_reference_in_the_interpreter() -> None:
+    """`variants.py single_site` (query heads repeated in the padding rows carry each split's
+    log-sum-exp; one store site) is a correct kernel, as results/kernels-variants-h200.txt says:
+    against the reference under TRITON_INTERPRET=1, fp16 and fp32, groups 7 and 3, 3 and 5
+    splits, NaN in every slot past a sequence's length."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(DEVICE), str(DEVICE.parents[1])])
+    done = subprocess.run(
+        [sys.executable, "-c", _SINGLE_SITE_CHECK],
+        cwd=DEVICE.parents[1], capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("max err") == 2

@@ -31,15 +31,20 @@ from engine import SamplingParams
 from engine.llm import LLM
 from kernels.bench_timing import _pool, _table
 
-RECORDED: list[tuple[tuple, dict]] = []
 LAYERS = 24
 
 
-def _recording(*args, **kwargs):
-    q, max_seqlen_q = args[0], args[6]
-    if max_seqlen_q <= 1 and q.shape[0] == BATCH and len(RECORDED) < LAYERS:
-        RECORDED.append((args, kwargs))  # the bucket's capture: one call a layer
-    return kernels.paged_attention(*args, **kwargs)
+def _recorder(batch: int, recorded: list):
+    """`kernels.paged_attention` that also keeps the inputs of the decode bucket `batch`'s calls
+    (its capture: one call a layer) in `recorded`."""
+
+    def call(*args, **kwargs):
+        q, max_seqlen_q = args[0], args[6]
+        if max_seqlen_q <= 1 and q.shape[0] == batch and len(recorded) < LAYERS:
+            recorded.append((args, kwargs))
+        return kernels.paged_attention(*args, **kwargs)
+
+    return call
 
 
 def _describe(args: tuple) -> dict:
@@ -56,19 +61,18 @@ def _describe(args: tuple) -> dict:
     return out
 
 
-BATCH = int(sys.argv[2]) if len(sys.argv) > 2 else 256
-
-
 def main() -> None:
     out = Path(sys.argv[1])
+    batch = int(sys.argv[2]) if len(sys.argv) > 2 else 256
     context = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
-    attn_mod.paged_attention = _recording  # before the LLM captures its graphs
+    recorded: list[tuple[tuple, dict]] = []
+    attn_mod.paged_attention = _recorder(batch, recorded)  # before the LLM captures its graphs
     llm = LLM(
-        "qwen2.5-0.5b-instruct", load_format="dummy", device="cuda", max_num_seqs=BATCH, seed=0
+        "qwen2.5-0.5b-instruct", load_format="dummy", device="cuda", max_num_seqs=batch, seed=0
     )
     rng = random.Random(0)
     params = SamplingParams(temperature=0.6, max_tokens=2000, ignore_eos=True)
-    for i in range(BATCH):
+    for i in range(batch):
         llm.tracker.add(i, [rng.randrange(10000) for _ in range(context)], params, llm.scheduler)
     sched = llm.scheduler
     while sched.waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in sched.running):
@@ -77,26 +81,26 @@ def main() -> None:
         llm.step()
     torch.cuda.synchronize()
     # no sequence has finished: the bucket's graph buffers hold a live step's inputs
-    assert len(sched.running) == BATCH
-    assert len(RECORDED) == LAYERS, f"{len(RECORDED)} decode attention calls of this batch captured"
-    args = RECORDED[0][0]
+    assert len(sched.running) == batch
+    assert len(recorded) == LAYERS, f"{len(recorded)} decode attention calls of this batch captured"
+    args = recorded[0][0]
     lens = args[4]
     ctx = int(lens.max())
-    bucket = llm.runner.graphs.pick(BATCH, BATCH, decode=True)
+    bucket = llm.runner.graphs.pick(batch, batch, decode=True)
     graph = llm.runner.graphs[bucket].graph
-    result = {"batch": BATCH, "context_max": ctx, "context_min": int(lens.min())}
+    result = {"batch": batch, "context_max": ctx, "context_min": int(lens.min())}
     result |= {"context_mean": lens.float().mean().item(), "inputs": _describe(args)}
     result["graph"] = kernel_us([graph.replay])
-    engine_calls = [functools.partial(kernels.paged_attention, *a, **kw) for a, kw in RECORDED]
+    engine_calls = [functools.partial(kernels.paged_attention, *a, **kw) for a, kw in recorded]
     result["engine_inputs"] = kernel_us(engine_calls)
-    x = torch.randn(BATCH, 896, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(batch, 896, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(896, 9728, dtype=torch.bfloat16, device="cuda")
     with_gemm = [fn for call in engine_calls for fn in (lambda: x @ w, call)]
     result["engine_inputs_after_gemm"] = kernel_us(with_gemm)
-    table = _table(BATCH, -(-ctx // 16), True, "cuda")
-    pools = [_pool(BATCH, ctx, 16, 2, 64, torch.bfloat16, "cuda", table) for _ in RECORDED]
-    q = torch.randn(BATCH, 14, 64, dtype=torch.bfloat16, device="cuda")
-    cu = torch.arange(BATCH + 1, dtype=torch.int32, device="cuda")
+    table = _table(batch, -(-ctx // 16), True, "cuda")
+    pools = [_pool(batch, ctx, 16, 2, 64, torch.bfloat16, "cuda", table) for _ in recorded]
+    q = torch.randn(batch, 14, 64, dtype=torch.bfloat16, device="cuda")
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     lens_s = lens.clone()  # the engine's lengths (they differ by when each prefill ended)
     result["synthetic"] = kernel_us(
         [

@@ -426,11 +426,15 @@ _MERGE_ONE_MORE = (
 )
 
 
-def _ticket(merge: str) -> list[tuple[str, str]]:
+def _epilogue() -> str:
+    """The shipped split epilogue, from the workspace index to the end of the fused merge's call."""
     src = SRC.read_text()
     start = src.index(_EPILOGUE_FROM)
-    end = src.index(_EPILOGUE_TO) + len("                )  # fmt: skip\n")
-    return [(src[start:end], _TICKET.replace("MERGE", merge))]
+    return src[start : src.index(_EPILOGUE_TO) + len("                )  # fmt: skip\n")]
+
+
+def _ticket(merge: str) -> list[tuple[str, str]]:
+    return [(_epilogue(), _TICKET.replace("MERGE", merge))]
 
 
 # session 12: one_store's split kernel with no merge in it (run with fused_combine=0), merged by the
@@ -802,15 +806,11 @@ _PACK_EPILOGUE = (
             i += 1
 """
 )
-_EPI_TO = "                )  # fmt: skip\n\n\n@triton.jit\ndef _combine_splits("
 
 
 def _single_site() -> list[tuple[str, str]]:
-    src = SRC.read_text()
-    start = src.index(_EPILOGUE_FROM)
-    end = src.index(_EPI_TO) + len("                )  # fmt: skip\n")
     return [
-        (src[start:end], _PACK_EPILOGUE),
+        (_epilogue(), _PACK_EPILOGUE),
         ("@triton.jit\ndef _attn_fwd(\n", _PACK_DEFS),
         (
             "    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)\n",
@@ -856,6 +856,8 @@ _ONE_STORE_ATOMLOAD = [
         + "@triton.jit\ndef _attn_fwd(\n",
     ),
 ]
+
+_SINGLE_SITE = _single_site()
 
 VARIANTS = {
     "arith_table": [
@@ -1047,9 +1049,9 @@ VARIANTS = {
     "lazy_ref": _LAZY_REF,
     "heads2": _head_groups(2),
     "heads4": _head_groups(4),
-    "single_site": _single_site(),
-    "dup_acc_only": [*_ML_DROP, *_single_site()[2:]],
-    "site_nodup": _single_site()[:2],
+    "single_site": _SINGLE_SITE,
+    "dup_acc_only": [*_ML_DROP, *_SINGLE_SITE[2:]],  # its repeated query rows only
+    "site_nodup": _SINGLE_SITE[:2],  # its epilogue only
     "xchg_zero_merge": _ONE_STORE_XCHG_MERGE,
     "atomload_merge": _ONE_STORE_ATOMLOAD,
 }
