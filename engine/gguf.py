@@ -2,8 +2,7 @@
 
 `convert_gguf` turns a Llama / Qwen2 / Qwen3 GGUF file into a folder transformers and pagedctl
 both load: config.json, float16 model.safetensors, generation config, the tokenizer with the
-GGUF's chat template, and a manifest saying where it came from. `verify_model_dir` checks such a
-folder before it is put in place.
+GGUF's chat template, and a manifest saying where it came from.
 """
 
 from __future__ import annotations
@@ -18,14 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-
-from engine.weights import (
+from pagedctl.engine.weights import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
-    expected_weight_shapes,
-    iter_weights,
-    load_tokenizer,
-    resolve_model,
 )
 
 if TYPE_CHECKING:
@@ -85,7 +79,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     if "tokenizer.ggml.model" in meta:
         _write_tokenizer(gguf_path, meta, config, out_dir)
     conversion = {
-        "by": "engine.gguf.convert_gguf",
+        "by": "pagedctl.engine.gguf.convert_gguf",
         "dtype": "float16",
         "gguf_tensor_types": kinds,
         "unpermuted_qk": config.model_type == "llama",
@@ -229,43 +223,6 @@ def _write_tokenizer(gguf_path: Path, meta: dict[str, Any], config: Any, out_dir
         saved.pop(key, None)
     saved["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every version knows
     path.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n")
-
-
-def verify_model_dir(folder: Path) -> None:
-    """Check a model folder: every tensor its config implies, with the right shape and finite
-    values; the tokenizer (if any) loads, round-trips a string and renders its chat template.
-
-    Raises:
-        GGUFConversionError: naming the first problems found.
-    """
-    source = resolve_model(str(folder), "safetensors")
-    expected = expected_weight_shapes(source.hf_config)
-    problems, seen = [], set()
-    for name, w in iter_weights(source):
-        seen.add(name)
-        if name not in expected:
-            problems.append(f"unexpected tensor {name}")
-        elif tuple(w.shape) != expected[name]:
-            problems.append(f"{name} has shape {tuple(w.shape)}, expected {expected[name]}")
-        # The fp32 sum of fp16 values is finite iff all of them are (and it is much faster).
-        elif not bool(torch.isfinite(w.sum(dtype=torch.float32))):
-            problems.append(f"{name} has non-finite values")
-    problems += [f"missing tensor {name}" for name in sorted(expected.keys() - seen)]
-    if source.tokenizer_dir is not None:
-        problems += _tokenizer_problems(load_tokenizer(source))
-    if problems:
-        raise GGUFConversionError(f"{folder} failed verification: {'; '.join(problems[:5])}")
-
-
-def _tokenizer_problems(tok: Any) -> list[str]:
-    text = "Paged attention: 16 tokens per block, naïve → fine."
-    if (back := tok.decode(tok.encode(text, add_special_tokens=False))) != text:
-        return [f"tokenizer round trip changed {text!r} into {back!r}"]
-    if tok.chat_template is None:
-        return []
-    chat = [{"role": "user", "content": "ping"}]
-    rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    return [] if "ping" in rendered else [f"chat template renders {rendered!r} without the message"]
 
 
 def update_manifest(folder: Path, **sections: Any) -> None:

@@ -6,38 +6,34 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import asdict
+from typing import Any
 
 import torch
+from pagedctl.engine.config import (
+    NAMES,
+    SETTINGS,
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    SchedulerConfig,
+    default_step_limits,
+)
+from pagedctl.engine.device import resolve_device, resolve_dtype
+from pagedctl.engine.kv_sizing import KVLayout, format_bytes, max_concurrency
+from pagedctl.engine.model_runner import ModelRunner
+from pagedctl.engine.model_source import resolve_model
+from pagedctl.engine.models import build_model
+from pagedctl.engine.outputs import RequestOutput
+from pagedctl.engine.pool_sizing import kv_cache_blocks, resolve_max_model_len
+from pagedctl.engine.requests import PromptInput, RequestTracker
+from pagedctl.engine.sampling_params import SamplingParams
+from pagedctl.engine.scheduler import Scheduler
+from pagedctl.engine.sequence import SequenceStatus
+from pagedctl.engine.weights import iter_weights, load_tokenizer
 
-from engine.config import CacheConfig, SchedulerConfig, default_step_limits
-from engine.device import resolve_device, resolve_dtype
-from engine.kv_sizing import KVLayout, format_bytes, max_concurrency
-from engine.model_runner import ModelRunner
-from engine.models import build_model
-from engine.outputs import RequestOutput
-from engine.pool_sizing import kv_cache_blocks, resolve_max_model_len
-from engine.requests import PromptInput, RequestTracker
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import SequenceStatus
-from engine.weights import iter_weights, load_tokenizer, resolve_model
-
-logger = logging.getLogger("engine")
+logger = logging.getLogger("pagedctl.engine")
 
 ParamsArg = SamplingParams | Seq[SamplingParams] | None
-
-_ENGINE_DEFAULTS = {  # None: chosen from the device (see `LLM.reconfigure`)
-    "block_size": 16,
-    "num_blocks": None,
-    "kv_cache_memory": None,
-    "gpu_memory_utilization": 0.9,
-    "max_num_seqs": None,
-    "max_num_batched_tokens": None,
-    "max_model_len": None,
-    "enable_prefix_caching": True,
-    "cuda_graphs": True,
-    "num_scheduler_steps": 8,  # W1 on the H200: 1.35x the throughput of 1 (see `LLM`)
-}
 
 
 def _device_total(device: torch.device) -> int:
@@ -48,65 +44,36 @@ class LLM:
     """Offline generation on the paged engine.
 
     Args:
-        model: a local Hugging Face folder, a GGUF file, a preset name (dummy weights), a model
-            id in the local Hugging Face cache, or None for the bundled SmolLM2-135M-Instruct.
-        block_size: tokens per KV block.
-        num_blocks: KV blocks in the pool (overrides the memory-based sizing).
-        kv_cache_memory: bytes for the KV cache ("4GiB", "512MiB" or a number).
-        gpu_memory_utilization: on CUDA, the fraction of the device's total memory this process may
-            use for weights, activations and the KV cache together.
-        max_num_seqs: most sequences running at once (default 1,024 on a CUDA card of 70 GiB or
-            more, else 256).
-        max_num_batched_tokens: token budget of one step, chunked prefill beyond it (default
-            16,384 on a CUDA card of 70 GiB or more, 8,192 on smaller cards, 2,048 on the CPU).
-        max_model_len: longest sequence; defaults to the model's, capped by the pool.
-        enable_prefix_caching: share full KV blocks between requests with the same prefix.
-        dtype: "auto", "float32", "float16" or "bfloat16" (weights and KV cache).
-        device: "auto", "cpu" or "cuda[:N]".
-        seed: seed of the dummy weights and of unseeded sampling.
-        load_format: "auto" or "dummy" (random weights of the model's config).
-        cuda_graphs: on CUDA, replay steps from CUDA graphs captured per batch size / token count
-            ("emulate" runs the same path without CUDA, for tests).
-        num_scheduler_steps: decode steps run back to back per scheduling round (one host
-            synchronisation per round) where a decode graph exists (CUDA graphs, or "emulate");
-            1 schedules every step. Default 8: W1 on the H200 ran 45,162 output tok/s at 1,
-            53,800 at 4, 60,760 at 8 and 59,576 at 16 (results/num-scheduler-steps-h200.md); the
-            cost is up to 7 steps before a waiting request is admitted and up to 7 wasted
-            tokens per finished row. Greedy and seeded outputs equal those of single steps.
+        model: a local Hugging Face folder, a GGUF file, a preset name (dummy weights) or a model
+            id in the local Hugging Face cache (`pagedctl.bundled_model()` gives the bundled
+            SmolLM2-135M-Instruct's folder).
+        config: settings to start from (default: `EngineConfig()`).
+        **settings: any field of `EngineConfig`, by its name or an alias (`block_size=32`,
+            `gpu_memory_utilization=0.8`, `num_scheduler_steps=1`, ...); checked before anything
+            is loaded.
 
-    After construction, `memory` holds the sizing figures (bytes): `weights_bytes`,
-    `kv_cache_bytes`, `num_blocks`, `block_size`, and on CUDA `total_bytes`, `utilization`,
-    `activation_peak_bytes`, `non_kv_bytes` (weights + activation peak; absent when the pool
-    size was given) and `cuda_graph_bytes`.
+    After construction, `config` holds the settings and `memory` the sizing figures (bytes):
+    `weights_bytes`, `kv_cache_bytes`, `num_blocks`, `block_size`, and on CUDA `total_bytes`,
+    `utilization`, `activation_peak_bytes`, `non_kv_bytes` (weights + activation peak; absent
+    when the pool size was given) and `cuda_graph_bytes`.
     """
 
     def __init__(
-        self,
-        model: str | None = None,
-        *,
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        kv_cache_memory: str | int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        max_num_seqs: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
-        dtype: str | torch.dtype = "auto",
-        device: str | torch.device = "auto",
-        seed: int = 0,
-        load_format: str = "auto",
-        cuda_graphs: bool | str = True,
-        num_scheduler_steps: int = 8,
+        self, model: str | None = None, *, config: EngineConfig | None = None, **settings: Any
     ) -> None:
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.seed = seed
-        self.source = resolve_model(model, load_format)
+        given = {"model": model, **settings} if model is not None else settings
+        config = (config or EngineConfig()).replace(**given)
+        if config.model is None:
+            raise ConfigError("no model: name a model folder, .gguf file, preset or cached id")
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.seed = config.seed
+        self.source = resolve_model(config.model, config.load_format)
+        self.model_name = config.served_model_name or self.source.name
         self.hf_config = self.source.hf_config
         self.model = build_model(self.hf_config, self.dtype, self.device)
         if self.source.load_format == "dummy":
-            self.model.init_dummy_weights(seed)
+            self.model.init_dummy_weights(config.seed)
         else:
             self.model.load_weights(iter_weights(self.source))
         self.model.eval()
@@ -119,38 +86,30 @@ class LLM:
         )
         self.tracker = RequestTracker(self.tokenizer, self.model.vocab_size, self._eos_ids())
         self.runner: ModelRunner | None = None
-        self.settings: dict = {}
-        self.reconfigure(
-            block_size=block_size,
-            num_blocks=num_blocks,
-            kv_cache_memory=kv_cache_memory,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching,
-            cuda_graphs=cuda_graphs,
-            num_scheduler_steps=num_scheduler_steps,
-        )
+        self.config = config
+        self._build_engine(config)
 
     # ------------------------------------------------------------------ set-up
 
-    def reconfigure(self, **settings) -> None:
+    def reconfigure(self, **settings: Any) -> None:
         """Rebuild the KV pool, scheduler and runner with new settings; the weights stay loaded.
 
-        Takes the constructor's engine keywords (`block_size`, `num_blocks`, `kv_cache_memory`,
-        `gpu_memory_utilization`, `max_num_seqs`, `max_num_batched_tokens`, `max_model_len`,
-        `enable_prefix_caching`, `cuda_graphs`); those not given keep their current value. Nothing
-        may be in flight. Used by `pagedctl sweep` to try many pools on one loaded model.
+        Takes the `EngineConfig` fields that need no new model (`block_size`,
+        `gpu_memory_utilization`, `num_gpu_blocks_override`, ...); those not given keep their
+        current value. Nothing may be in flight. `pagedctl sweep` tries many pools on one
+        loaded model this way.
         """
-        unknown = set(settings) - set(_ENGINE_DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown engine settings {sorted(unknown)}")
+        config = self.config.replace(**settings)
+        reload = [
+            n for n in NAMES if SETTINGS[n].load and getattr(config, n) != getattr(self.config, n)
+        ]
+        if reload:
+            raise ConfigError(f"{', '.join(reload)} cannot change without a new LLM")
         if self.runner is not None and self.scheduler.has_unfinished():
             raise RuntimeError("reconfigure() with requests in flight; finish or abort them first")
-        s = {**_ENGINE_DEFAULTS, **self.settings, **settings}
-        if int(s["num_scheduler_steps"]) < 1:
-            raise ValueError(f"num_scheduler_steps must be >= 1, got {s['num_scheduler_steps']}")
+        self._build_engine(config)
+
+    def _build_engine(self, c: EngineConfig) -> None:
         self._release_engine()
         weights = sum(p.nbytes for p in self.model.parameters())
         self.memory: dict = {"weights_bytes": weights, "utilization": None}
@@ -158,49 +117,49 @@ class LLM:
         if total:
             self.memory["total_bytes"] = total
         default_tokens, default_seqs = default_step_limits(self.device.type, total)
-        max_num_seqs = s["max_num_seqs"] or default_seqs
-        batched = s["max_num_batched_tokens"] or default_tokens
+        max_num_seqs = c.max_num_seqs or default_seqs
+        batched = c.max_num_batched_tokens or default_tokens
         config_len = int(getattr(self.hf_config, "max_position_embeddings", 0) or 4096)
         blocks, figures = kv_cache_blocks(
             self.model,
             self.layout,
             self.device,
             self.dtype,
-            s["block_size"],
-            num_blocks=s["num_blocks"],
-            kv_cache_memory=s["kv_cache_memory"],
-            utilization=s["gpu_memory_utilization"],
-            useful_tokens=max_num_seqs * (s["max_model_len"] or config_len),
+            c.block_size,
+            num_blocks=c.num_gpu_blocks_override,
+            kv_cache_memory=c.kv_cache_memory_bytes,
+            utilization=c.gpu_memory_utilization,
+            useful_tokens=max_num_seqs * (c.max_model_len or config_len),
             batched_tokens=batched,
             max_num_seqs=max_num_seqs,
             weights_bytes=weights,
-            reserve_graphs=bool(s["cuda_graphs"]),
+            reserve_graphs=bool(c.cuda_graphs),
         )
         self.memory.update(figures)
-        pool_tokens = blocks * s["block_size"]
-        self.max_model_len = resolve_max_model_len(s["max_model_len"], config_len, pool_tokens)
+        pool_tokens = blocks * c.block_size
+        self.max_model_len = resolve_max_model_len(c.max_model_len, config_len, pool_tokens)
         self.scheduler = Scheduler(
-            SchedulerConfig(batched, max_num_seqs, self.max_model_len),
-            CacheConfig(s["block_size"], blocks, s["enable_prefix_caching"], hash_seed=self.seed),
+            SchedulerConfig(batched, max_num_seqs, self.max_model_len, debug=c.debug),
+            CacheConfig(c.block_size, blocks, c.enable_prefix_caching, hash_seed=self.seed),
         )
         self.runner = ModelRunner(
             self.model,
             blocks,
-            s["block_size"],
+            c.block_size,
             self.device,
             self.dtype,
             self.seed,
             max_model_len=self.max_model_len,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=batched,
-            cuda_graphs=s["cuda_graphs"],
+            cuda_graphs=c.cuda_graphs,
         )
-        self.settings = s
-        self.memory["kv_cache_bytes"] = blocks * self.layout.bytes_per_block(s["block_size"])
-        self.memory.update(num_blocks=blocks, block_size=s["block_size"])
+        self.config = c
+        self.memory["kv_cache_bytes"] = blocks * self.layout.bytes_per_block(c.block_size)
+        self.memory.update(num_blocks=blocks, block_size=c.block_size)
         if self.device.type == "cuda":
             self.memory["cuda_graph_bytes"] = self.runner.graph_pool_bytes
-        self._log_start(blocks, s["block_size"])
+        self._log_start(blocks, c.block_size)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (benchmarks start each run cold). False, and nothing
@@ -228,7 +187,7 @@ class LLM:
         tokens = blocks * block_size
         logger.info(
             "model %s (%s, %s, %s); KV cache: %d blocks x %d tokens = %d tokens, %s per token, %s",
-            self.source.name,
+            self.model_name,
             self.hf_config.architectures[0]
             if getattr(self.hf_config, "architectures", None)
             else "?",
@@ -311,7 +270,7 @@ class LLM:
         time, stop checks included, exactly as `k` single steps would.
         """
         out = self.scheduler.schedule()
-        k = self.settings["num_scheduler_steps"]
+        k = self.config.num_scheduler_steps
         if (
             k > 1
             and self.runner.has_decode_graph(len(out.seqs))

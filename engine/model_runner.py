@@ -22,17 +22,16 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from pagedctl.engine.models.attention import AttentionMetadata
+from pagedctl.engine.sampler import Sampler, make_generator
+from pagedctl.engine.scheduler import SchedulerOutput
+from pagedctl.engine.sequence import Sequence
+from pagedctl.engine.staging import Staging
+from pagedctl.engine.step_graphs import MAX_GRAPH_BATCH, StepGraphs
+from pagedctl.kernels import empty_kv_cache, graph_capturable
 from torch import Tensor
 
-from engine.models.attention import AttentionMetadata
-from engine.sampler import Sampler, make_generator
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
-from engine.staging import Staging
-from engine.step_graphs import MAX_GRAPH_BATCH, StepGraphs
-from kernels import empty_kv_cache, graph_capturable
-
-logger = logging.getLogger("engine")
+logger = logging.getLogger("pagedctl.engine")
 
 GeneratorKey = tuple[str, int]  # (request_id, sample_index)
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 
 import torch
+from pagedctl.engine.device import default_cpu_kv_bytes
+from pagedctl.engine.kv_sizing import KVLayout, format_bytes, parse_bytes
 
-from engine.device import default_cpu_kv_bytes
-from engine.kv_sizing import KVLayout, format_bytes, parse_bytes
-
-logger = logging.getLogger("engine")
+logger = logging.getLogger("pagedctl.engine")
 
 
 def kv_cache_blocks(
@@ -40,7 +39,7 @@ def kv_cache_blocks(
     if kv_cache_memory is not None:
         budget = parse_bytes(kv_cache_memory)
     elif device.type == "cuda":
-        from engine.profiling import cuda_kv_budget
+        from pagedctl.engine.profiling import cuda_kv_budget
 
         budget, figures = cuda_kv_budget(
             model,

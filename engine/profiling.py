@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 
 import torch
+from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.engine.models.attention import AttentionMetadata
+from pagedctl.kernels import empty_kv_cache
 
-from engine.kv_sizing import format_bytes
-from engine.models.attention import AttentionMetadata
-from kernels import empty_kv_cache
-
-logger = logging.getLogger("engine")
+logger = logging.getLogger("pagedctl.engine")
 
 
 def cuda_kv_budget(

@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.config import CacheConfig, SchedulerConfig
-from engine.kv_cache_manager import CopyOp, KVCacheManager, cdiv
-from engine.sequence import Sequence, SequenceStatus
+from pagedctl.engine.config import CacheConfig, SchedulerConfig
+from pagedctl.engine.kv_cache_manager import CopyOp, KVCacheManager, cdiv
+from pagedctl.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass

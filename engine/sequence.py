@@ -13,7 +13,7 @@ import enum
 import itertools
 from collections.abc import Sequence as Seq
 
-from engine.sampling_params import SamplingParams
+from pagedctl.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.IntEnum):

@@ -31,11 +31,10 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from pagedctl.engine.models.attention import AttentionMetadata, KVCache
 from torch import Tensor
 
-from engine.models.attention import AttentionMetadata, KVCache
-
-logger = logging.getLogger("engine")
+logger = logging.getLogger("pagedctl.engine")
 
 MAX_GRAPH_BATCH = 512  # the largest decode graph; larger decode steps take a mixed graph
 FEW_SEQS = 4  # sequences of a few-sequence graph

@@ -1,16 +1,14 @@
-"""Model sources: where a model's config, weights and tokenizer come from, and reading the weights.
+"""Model folders: configs, safetensors weights, tokenizers, the local Hugging Face cache.
 
-A model is named by a folder (config.json + safetensors), a `.gguf` file, a `.json` config, a
-preset in `engine/presets/` (linked as `recipes/models/`), a Hugging Face id already in the local
-cache, or nothing (the bundled default).
-Weights are read memory-mapped from safetensors only; pickle checkpoints are refused.
+Weights are read memory-mapped from safetensors only; pickle checkpoints are refused. Finding a
+model by name (a folder, a GGUF file, a preset, a cached id) is `model_source.resolve_model`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +18,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # also at recipes/models (a link)
+
 _ARCH_BY_MODEL_TYPE = dict(zip(("llama", "qwen2", "qwen3"), SUPPORTED_ARCHITECTURES, strict=True))
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -68,71 +65,8 @@ class CachedModel:
     size_bytes: int
 
 
-def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
-    """Find a model by name, offline.
-
-    Tried in order: None or the default's name (pulled and converted on first use); an existing
-    folder with config.json; a `.gguf` file (converted once into the cache); a `.json` config
-    file (dummy); a preset name from `preset_dirs()` (dummy); a Hugging Face id in the local
-    cache. `load_format="dummy"` keeps the config (and tokenizer) of any of these and drops the
-    weights.
-
-    Raises:
-        ModelNotFoundError: nothing matched; the message names everything that was tried.
-        UnsupportedModelError: the architecture (or checkpoint format) is not supported.
-    """
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(
-            f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
-        )
-    source = _find(model, load_format)
-    if load_format == "dummy":
-        return replace(source, load_format="dummy", weights_dir=None)
-    if load_format == "safetensors" and source.load_format == "dummy":
-        raise ModelNotFoundError(
-            f"{source.name!r} is a config without weights; use load_format 'dummy' (random weights)"
-        )
-    return source
-
-
-def _find(model: str | None, load_format: str) -> ModelSource:
-    # Imported here: default_model imports this module (through engine.gguf).
-    from engine import default_model
-
-    if model is None or model == default_model.DEFAULT_MODEL:
-        return _from_folder(default_model.DEFAULT_MODEL, default_model.ensure_default_model())
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return _from_folder(model, path, weights=load_format != "dummy")
-    if path.is_file() and path.suffix == ".gguf":
-        return _from_folder(model, default_model.convert_gguf_cached(path))
-    if path.is_file() and path.suffix == ".json":
-        return ModelSource(model, load_config(path), "dummy", None, None)
-    if path.is_file():
-        raise ModelNotFoundError(
-            f"{path} is a file; pass the folder that holds config.json, a .gguf file or a .json "
-            "config"
-        )
-    presets = list_presets()
-    if model in presets:
-        return ModelSource(model, load_config(presets[model]), "dummy", None, None)
-    snapshot = _hf_snapshot(model)
-    if snapshot is not None:
-        return _from_folder(model, snapshot, weights=load_format != "dummy")
-    from huggingface_hub import constants
-
-    tried = [
-        f"a folder or a .gguf/.json file at {path.absolute()} (nothing there)",
-        f"a preset in {' or '.join(map(str, preset_dirs()))} (known: {', '.join(sorted(presets))})",
-        f"the Hugging Face cache {constants.HF_HUB_CACHE} (offline; no snapshot of {model!r})",
-    ]
-    raise ModelNotFoundError(
-        f"model {model!r} not found. Looked for: {'; '.join(tried)}. Name no model to use the "
-        f"bundled default, {default_model.DEFAULT_MODEL}."
-    )
-
-
-def _from_folder(name: str, folder: Path, weights: bool = True) -> ModelSource:
+def source_from_folder(name: str, folder: Path, weights: bool = True) -> ModelSource:
+    """The source of a folder holding config.json (and, unless `weights` is False, safetensors)."""
     config = load_config(folder / "config.json")
     if weights:
         weight_files(folder)  # fail here, with the reason, rather than at load time
@@ -217,23 +151,7 @@ def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(source.tokenizer_dir), local_files_only=True)
 
 
-def preset_dirs() -> list[Path]:
-    """Folders searched for presets: the repository's, then `$PAGEDCTL_HOME/models/presets`."""
-    from engine.default_model import pagedctl_home
-
-    return [PRESETS_DIR, pagedctl_home() / "models" / "presets"]
-
-
-def list_presets() -> dict[str, Path]:
-    """Preset name (file stem) -> config file. A user preset replaces a bundled one of its name."""
-    found: dict[str, Path] = {}
-    for folder in preset_dirs():
-        if folder.is_dir():
-            found.update({p.stem: p for p in sorted(folder.glob("*.json"))})
-    return found
-
-
-def _hf_snapshot(repo_id: str) -> Path | None:
+def hf_snapshot(repo_id: str) -> Path | None:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
@@ -255,7 +173,7 @@ def cached_hf_models() -> list[CachedModel]:
         return []
     found = []
     for repo in sorted(repos, key=lambda r: r.repo_id):
-        snapshot = _hf_snapshot(repo.repo_id) if repo.repo_type == "model" else None
+        snapshot = hf_snapshot(repo.repo_id) if repo.repo_type == "model" else None
         if snapshot is None or not (snapshot / "config.json").is_file():
             continue
         try:

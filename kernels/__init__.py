@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 
 import torch
+from pagedctl.kernels import reference
 from torch import Tensor
-
-from kernels import reference
 
 
 def _use_triton(tensor: Tensor) -> bool:
@@ -75,7 +74,7 @@ def write_kv(
 ) -> None:
     """Store new K/V rows at their cache slots; contract in `kernels.reference.write_kv`."""
     if _use_triton(k_cache):
-        from kernels.triton_kv import write_kv as triton_write_kv
+        from pagedctl.kernels.triton_kv import write_kv as triton_write_kv
 
         triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -104,7 +103,7 @@ def paged_attention(
     """
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
     if _use_triton(q):
-        from kernels.triton_attention import paged_attention as triton_paged_attention
+        from pagedctl.kernels.triton_attention import paged_attention as triton_paged_attention
 
         return triton_paged_attention(
             *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits
@@ -119,7 +118,7 @@ def rms_norm(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """RMSNorm of `x` (or of `x + residual`, also returned); contract in `kernels.reference`."""
     if _use_triton(x):
-        from kernels.triton_fused import rms_norm as triton_rms_norm
+        from pagedctl.kernels.triton_fused import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
@@ -128,7 +127,7 @@ def rms_norm(
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> None:
     """Neox rotary embedding in place on q and k; contract in `kernels.reference.rotary`."""
     if _use_triton(q):
-        from kernels.triton_fused import rotary as triton_rotary
+        from pagedctl.kernels.triton_fused import rotary as triton_rotary
 
         triton_rotary(q, k, cos, sin, positions)
         return
@@ -150,7 +149,7 @@ def rotary_write_kv(
     contract in `kernels.reference.rotary_write_kv`."""
     args = (q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping)
     if _use_triton(q):
-        from kernels.triton_fused import rotary_write_kv as triton_rotary_write_kv
+        from pagedctl.kernels.triton_fused import rotary_write_kv as triton_rotary_write_kv
 
         triton_rotary_write_kv(*args)
         return
@@ -160,7 +159,7 @@ def rotary_write_kv(
 def silu_and_mul(x: Tensor) -> Tensor:
     """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`."""
     if _use_triton(x):
-        from kernels.triton_fused import silu_and_mul as triton_silu_and_mul
+        from pagedctl.kernels.triton_fused import silu_and_mul as triton_silu_and_mul
 
         return triton_silu_and_mul(x)
     return reference.silu_and_mul(x)
@@ -169,7 +168,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
 def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
     """Temperature sampling by inverse CDF, one uniform per row; contract in `kernels.reference`."""
     if _use_triton(logits):
-        from kernels.triton_sample import sample_temperature as triton_sample_temperature
+        from pagedctl.kernels.triton_sample import sample_temperature as triton_sample_temperature
 
         return triton_sample_temperature(logits, temperature, u)
     return reference.sample_temperature(logits, temperature, u)

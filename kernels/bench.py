@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-
-from kernels.bench_report import SPLIT_SCAN, write
-from kernels.bench_timing import (
+from pagedctl.kernels.bench_report import SPLIT_SCAN, write
+from pagedctl.kernels.bench_timing import (
     _ms,
     _pool,
     _table,
@@ -33,9 +32,9 @@ from kernels.bench_timing import (
     per_call_ms,
     read_floor_ms,
 )
-from kernels.configs import lookup, phase_of
-from kernels.triton_attention import _device_info, paged_attention
-from kernels.triton_splits import choose_num_splits
+from pagedctl.kernels.configs import lookup, phase_of
+from pagedctl.kernels.triton_attention import _device_info, paged_attention
+from pagedctl.kernels.triton_splits import choose_num_splits
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 

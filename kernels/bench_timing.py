@@ -12,10 +12,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from pagedctl.kernels import empty_kv_cache
+from pagedctl.kernels.triton_attention import _device_info
 from triton.testing import do_bench
-
-from kernels import empty_kv_cache
-from kernels.triton_attention import _device_info
 
 
 def _ms(fn) -> float:

@@ -10,8 +10,7 @@ import functools
 import time
 
 import torch
-
-from kernels import triton_attention as ta
+from pagedctl.kernels import triton_attention as ta
 
 
 def _us(fn, n: int = 2000) -> float:

@@ -22,12 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from pagedctl.kernels.bench import SHAPES
+from pagedctl.kernels.bench_timing import _pool, _table, num_layers, per_call_ms
+from pagedctl.kernels.configs import AttentionConfig, lookup, phase_of
+from pagedctl.kernels.triton_attention import _device_info, paged_attention
 from triton.testing import do_bench
-
-from kernels.bench import SHAPES
-from kernels.bench_timing import _pool, _table, num_layers, per_call_ms
-from kernels.configs import AttentionConfig, lookup, phase_of
-from kernels.triton_attention import _device_info, paged_attention
 
 DECODE = [(1, 8192), (8, 2048), (64, 512), (64, 2048), (64, 8192), (256, 1024), (256, 2048)]
 PREFILL = [4096, 16384]
@@ -127,7 +126,7 @@ def main() -> None:
     rows: list[dict] = []
     a.out.mkdir(parents=True, exist_ok=True)
     if a.pdl or a.layout or a.tables:
-        from kernels import sweep_access  # (it builds on this module's pools)
+        from pagedctl.kernels import sweep_access  # (it builds on this module's pools)
 
         run = (
             sweep_access.pdl if a.pdl else sweep_access.layouts if a.layout else sweep_access.tables

@@ -13,12 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-
-from kernels.bench import SHAPES
-from kernels.bench_timing import _table, num_layers, per_call_ms, read_floor_ms
-from kernels.sweep import _pools, _shipped
-from kernels.triton_attention import paged_attention
-from kernels.triton_kv import write_kv
+from pagedctl.kernels.bench import SHAPES
+from pagedctl.kernels.bench_timing import _table, num_layers, per_call_ms, read_floor_ms
+from pagedctl.kernels.sweep import _pools, _shipped
+from pagedctl.kernels.triton_attention import paged_attention
+from pagedctl.kernels.triton_kv import write_kv
 
 PDL_SHAPES = [(1, 8192), (64, 512), (64, 2048), (64, 8192), (256, 2048)]
 # `--layout`: (shape, batch, context, block), the shapes whose random-table overhead or bandwidth

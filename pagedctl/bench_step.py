@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from engine import SamplingParams
-from engine.llm import LLM
-from kernels.bench_timing import copy_bandwidth
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
+from pagedctl.kernels.bench_timing import copy_bandwidth
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:

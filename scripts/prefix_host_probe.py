@@ -16,12 +16,12 @@ import random
 import sys
 import time
 
-import engine.kv_cache_manager as kvm
-import engine.requests as rq
-import engine.scheduler as sch
-from engine import SamplingParams
-from engine.llm import LLM
-from engine.model_runner import ModelRunner, StepResult
+import pagedctl.engine.kv_cache_manager as kvm
+import pagedctl.engine.requests as rq
+import pagedctl.engine.scheduler as sch
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
+from pagedctl.engine.model_runner import ModelRunner, StepResult
 
 SPENT: collections.Counter[str] = collections.Counter()
 

@@ -33,7 +33,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 def compile_decode(name: str):
     """(PTX, cubin) of the named kernel copy for the decode shape above."""
-    import kernels.triton_attention as shipped
+    import pagedctl.kernels.triton_attention as shipped
 
     if name == "shipped":
         mod = shipped

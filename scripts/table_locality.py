@@ -25,9 +25,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
-from kernels.sweep_access import PAGE_BYTES
-from pagedctl.bench_scheduler import _fake_tokens
+from pagedctl.engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedctl.kernels.sweep_access import PAGE_BYTES
+
+from pagedctl.bench.scheduler import _fake_tokens
 
 KV_BYTES_PER_TOKEN_LAYER_K = 2 * 64 * 2  # Qwen2.5-0.5B: 2 KV heads x 64 dims x bf16
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
-from engine.scheduler import SchedulerOutput
+from pagedctl.engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedctl.engine.scheduler import SchedulerOutput
 
 EOS = 2
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedctl import bench_report
-from pagedctl.bench_peers import SideRun
-from pagedctl.bench_recipe import (
+from pagedctl.bench import report as bench_report
+from pagedctl.bench.peers import SideRun
+from pagedctl.bench.recipe import (
     WorkloadSpec,
     load_bench_recipe,
     make_workload,
     parse_peers,
 )
-from pagedctl.recipes import RecipeError
+from pagedctl.generate.recipe import RecipeError
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

@@ -1,9 +1,8 @@
 """BlockPool and its free queue: exact block ids, free order, eviction and error cases."""
 
 import pytest
-
-from engine.block_hash import hash_block_tokens, root_hash
-from engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from pagedctl.engine.block_hash import hash_block_tokens, root_hash
+from pagedctl.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def free_ids(pool: BlockPool) -> list[int]:

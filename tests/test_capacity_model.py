@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from pagedctl.engine.kv_sizing import layout_from_config_dict, sequences_in_pool
 
-from engine.kv_sizing import layout_from_config_dict, sequences_in_pool
 from pagedctl.capacity.model import (
     ModelSpecError,
     activation_peak_bytes,

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from pagedctl.engine.kv_sizing import parse_bytes
 
-from engine.kv_sizing import parse_bytes
 from pagedctl.capacity import plan
 from pagedctl.capacity.card import CardError, resolve_card, scheduler_budget
 from pagedctl.capacity.lengths import (

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pagedctl.engine import block_pool
 
-import engine.block_pool
 from pagedctl.capacity import sim
 from pagedctl.capacity.lengths import Lengths, from_distribution
 
@@ -17,15 +17,15 @@ SEED_LENGTHS = from_distribution("lognormal:mean=260,median=180", 2048)
 def test_paged_allocator_drives_the_engines_block_pool(monkeypatch) -> None:
     calls = {"get_new_blocks": 0, "free_blocks": 0}
     for name in calls:
-        real = getattr(engine.block_pool.BlockPool, name)
+        real = getattr(block_pool.BlockPool, name)
 
         def spy(self, *args, _real=real, _name=name):
             calls[_name] += 1
             return _real(self, *args)
 
-        monkeypatch.setattr(engine.block_pool.BlockPool, name, spy)
+        monkeypatch.setattr(block_pool.BlockPool, name, spy)
     alloc = sim.PagedAllocator(num_blocks=256, block_size=16)
-    assert type(alloc.pool) is engine.block_pool.BlockPool  # the class itself, not a copy
+    assert type(alloc.pool) is block_pool.BlockPool  # the class itself, not a copy
     admitted = []
     admit = alloc.admit
     alloc.admit = lambda size: admitted.append(admit(size)) or admitted[-1]
@@ -34,7 +34,7 @@ def test_paged_allocator_drives_the_engines_block_pool(monkeypatch) -> None:
     taken = [blocks for blocks in admitted if blocks is not None]
     assert r.refused > 0 and len(taken) < 2000
     assert calls["get_new_blocks"] == len(taken)  # every admission took its blocks from the pool
-    assert all(isinstance(b, engine.block_pool.KVCacheBlock) for blocks in taken for b in blocks)
+    assert all(isinstance(b, block_pool.KVCacheBlock) for blocks in taken for b in blocks)
     assert calls["free_blocks"] > 0
     alloc.pool.check_integrity()
     assert 0 < alloc.pool.num_used_blocks <= 256

@@ -19,21 +19,22 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from pagedctl.engine import model_cache
+from pagedctl.engine.gguf import convert_gguf, unpermute_qk
+from pagedctl.engine.model_cache import convert_gguf_cached
+from pagedctl.engine.model_source import resolve_model
+from pagedctl.engine.weights import UnsupportedModelError, load_tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from engine import default_model
-from engine.default_model import (
+from pagedctl.models.bundled import (
     DEFAULT_MODEL,
     GGUF_MEMBER,
     GGUF_SHA256,
     DefaultModelError,
-    convert_gguf_cached,
     download_default_gguf,
     ensure_default_model,
     pull_default_model,
 )
-from engine.gguf import convert_gguf, unpermute_qk
-from engine.weights import UnsupportedModelError, load_tokenizer, resolve_model
 
 CHAT = [{"role": "user", "content": "What is paged attention? Answer in one line."}]
 
@@ -192,7 +193,7 @@ def test_pulled_model_is_reused_without_pip(
         source = resolve_model(name)
         assert (source.name, source.load_format) == (DEFAULT_MODEL, "safetensors")
         assert source.weights_dir == source.tokenizer_dir == folder
-    assert load_tokenizer(resolve_model(None)).eos_token == "<|im_end|>"
+    assert load_tokenizer(resolve_model(str(ensure_default_model()))).eos_token == "<|im_end|>"
 
 
 # --- tiny GGUF files ------------------------------------------------------------------------
@@ -356,7 +357,7 @@ def test_tiny_gguf_converts_back_to_the_model(
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == (
         "<|im_start|>user\nhi<|im_end|>\n"
     )
-    monkeypatch.setattr(default_model, "convert_gguf", lambda *a: pytest.fail("converted twice"))
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda *a: pytest.fail("converted twice"))
     assert resolve_model(str(path)).weights_dir == source.weights_dir
 
 
@@ -364,14 +365,14 @@ def test_concurrent_conversions_convert_once(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen2"))
-    calls, convert = [], default_model.convert_gguf
+    calls, convert = [], model_cache.convert_gguf
 
     def slow_convert(gguf_path: Path, out_dir: Path) -> Path:
         calls.append(out_dir)
         time.sleep(0.3)
         return convert(gguf_path, out_dir)
 
-    monkeypatch.setattr(default_model, "convert_gguf", slow_convert)
+    monkeypatch.setattr(model_cache, "convert_gguf", slow_convert)
     results: list[Path] = []
     threads = [
         threading.Thread(target=lambda: results.append(convert_gguf_cached(path))) for _ in range(2)
@@ -387,18 +388,18 @@ def test_failed_conversion_leaves_nothing_behind(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"))
-    convert = default_model.convert_gguf
+    convert = model_cache.convert_gguf
 
     def crash(gguf_path: Path, out_dir: Path) -> Path:
         (out_dir / "model.safetensors").write_bytes(b"half a model")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(default_model, "convert_gguf", crash)
+    monkeypatch.setattr(model_cache, "convert_gguf", crash)
     with pytest.raises(KeyboardInterrupt):
         convert_gguf_cached(path)
     cache = home / "models" / "gguf"
     assert [p.name for p in cache.iterdir()] == [p.name for p in cache.glob(".*.lock")]
-    monkeypatch.setattr(default_model, "convert_gguf", convert)
+    monkeypatch.setattr(model_cache, "convert_gguf", convert)
     assert (convert_gguf_cached(path) / "model.safetensors").is_file()
 
 
@@ -406,7 +407,7 @@ def test_forced_rebuild_swaps_whole_folders(home: Path, tmp_path: Path) -> None:
     target = home / "models" / "swap"
     for arch in ("llama", "qwen2"):
         gguf_path = write_gguf(tmp_path / f"{arch}.gguf", tiny_model(arch))
-        default_model._install(target, lambda out, g=gguf_path: convert_gguf(g, out), force=True)
+        model_cache.install(target, lambda out, g=gguf_path: convert_gguf(g, out), force=True)
         assert json.loads((target / "config.json").read_text())["model_type"] == arch
     assert sorted(p.name for p in target.parent.iterdir()) == [".swap.lock", "swap"]
 

@@ -105,8 +105,8 @@ import sys
 import torch
 from kernel_copy import edited_copy
 import variants
-from kernels import reference
-from kernels.configs import AttentionConfig
+from pagedctl.kernels import reference
+from pagedctl.kernels.configs import AttentionConfig
 
 mod = edited_copy("single_site", variants.VARIANTS["single_site"])
 torch.manual_seed(0)

@@ -5,8 +5,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedctl.generate import EXIT_DATAERR, GenerateJob, JobExit, exit_code_for
-from pagedctl.recipes import JobSettings
+from pagedctl.generate.job import EXIT_DATAERR, GenerateJob, JobExit, exit_code_for
+from pagedctl.generate.recipe import JobSettings
 from tests.job_utils import read_jsonl
 
 ids = st.lists(st.integers(0, 600), min_size=0, max_size=40)  # 512+ is outside the vocabulary

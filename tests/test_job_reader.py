@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pagedctl.engine import SamplingParams
 
-from engine import SamplingParams
-from pagedctl.jobs.reader import (
+from pagedctl.generate.reader import (
     ERROR_CODES,
     JobRequest,
     LineError,

@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 import pytest
+from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagedctl.jobs.records import dumps, error_record, ok_record
+from pagedctl.generate.records import dumps, error_record, ok_record
 
 
 class Opt:

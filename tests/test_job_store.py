@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedctl.jobs import store as store_mod
-from pagedctl.jobs.records import error_record
-from pagedctl.jobs.runctl import (
+from pagedctl.generate import store as store_mod
+from pagedctl.generate.records import error_record
+from pagedctl.generate.runctl import (
     JobLock,
     LockHeld,
     ManifestMismatch,
@@ -27,7 +27,7 @@ from pagedctl.jobs.runctl import (
     lock_path,
     manifest_path,
 )
-from pagedctl.jobs.store import CorruptResults, ResultStore, repair_tail
+from pagedctl.generate.store import CorruptResults, ResultStore, repair_tail
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,8 +186,8 @@ def _fd_name(fd: int) -> str:
 WRITER = """
     import sys
     from pathlib import Path
-    from pagedctl.jobs.records import error_record
-    from pagedctl.jobs.store import ResultStore
+    from pagedctl.generate.records import error_record
+    from pagedctl.generate.store import ResultStore
 
     d, n = Path(sys.argv[1]), int(sys.argv[2])
     s = ResultStore(d / "out.jsonl", d / "errors.jsonl", fsync_every=8)
@@ -246,7 +246,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
 LOCKER = """
     import sys, time
     from pathlib import Path
-    from pagedctl.jobs.runctl import JobLock, LockHeld
+    from pagedctl.generate.runctl import JobLock, LockHeld
 
     try:
         lock = JobLock(Path(sys.argv[1]))

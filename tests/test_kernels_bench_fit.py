@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from kernels.bench_report import fixed_and_streaming
+from pagedctl.kernels.bench_report import fixed_and_streaming
 
 
 def _row(shape: str, batch: int, block: int, nbytes: float, seconds: float) -> dict:
@@ -29,7 +28,7 @@ def test_fit_recovers_the_fixed_cost_and_the_rate_of_a_line() -> None:
 
 def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path) -> None:
     """`--render` redraws older JSON (no plain read, no per-pair overheads) and newer JSON."""
-    from kernels.bench_report import write
+    from pagedctl.kernels.bench_report import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
            "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.7}  # fmt: skip
@@ -57,7 +56,7 @@ def test_tables_render_without_a_gpu_with_and_without_the_newer_columns(tmp_path
 def test_merged_tables_name_each_run_and_its_commit(tmp_path) -> None:
     """A table merged from several runs says which run timed what, at which commit: the commit
     its caller gave (`PAGEDCTL_COMMIT`), or a note set by hand in an older JSON."""
-    from kernels.bench_report import write
+    from pagedctl.kernels.bench_report import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
            "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.7}  # fmt: skip
@@ -85,7 +84,7 @@ def test_plain_read_grid_reads_the_bytes_in_whole_tiles_with_no_idle_program(
     """Every bench size (and a few odd ones): at least the bytes asked, by less than one
     program's share (session 6's first sizing read 3% more and scaled the time back: wrong
     for small reads), no more programs than asked for, none without a tile."""
-    from kernels.bench_timing import READ_TILE, read_grid
+    from pagedctl.kernels.bench_timing import READ_TILE, read_grid
 
     sizes = [2 * b * c * h * 64 * 2 for b in (1, 8, 64, 256) for c in (512, 2048, 8192, 32768)
              for h in (2, 3)] + [1, 8191, 8193, 10**9 + 7]  # fmt: skip
@@ -102,8 +101,7 @@ def test_runs_table_shuffles_runs_of_consecutive_blocks(run: int) -> None:
     """`sweep --tables`: a permutation of every block id whose runs of `run` entries are
     consecutive ids from a multiple of `run`; 1 is a random table, all the blocks the identity."""
     import torch
-
-    from kernels.sweep_access import runs_table
+    from pagedctl.kernels.sweep_access import runs_table
 
     table = runs_table(8, 512, run, "cpu")
     flat = table.flatten()
@@ -119,8 +117,7 @@ def test_in_page_table_shuffles_only_within_pages() -> None:
     """`sweep --tables`' "in pages": every block id once, each page's ids (groups of
     `page_blocks` from a multiple of it) kept in that page's slots, their order shuffled."""
     import torch
-
-    from kernels.sweep_access import in_page_table
+    from pagedctl.kernels.sweep_access import in_page_table
 
     torch.manual_seed(0)
     table = in_page_table(4, 256, 128, "cpu")
@@ -136,7 +133,7 @@ def test_split_scan_table_takes_every_count_any_row_has(tmp_path) -> None:
     """Rows of runs that scanned different split counts share one table (`-` where a row has no
     figure), and the `*` marks the count the run itself picked where the row recorded it (a
     policy has changed since older runs: today's pick would misstate what they timed)."""
-    from kernels.bench_report import write
+    from pagedctl.kernels.bench_report import write
 
     env = {"gpu": "card", "dtype": "bfloat16", "torch": "t", "triton": "tr", "sms": 132,
            "copy_bandwidth_GBps": 4e3, "matmul_TFLOPs": 7e2, "empty_kernel_us": 0.5}  # fmt: skip
@@ -158,7 +155,7 @@ def test_targets_name_every_row_that_misses_and_only_those() -> None:
     """Issue 5's targets over a bench's rows: the bandwidth target looks at batch >= 64 and
     context >= 2K only, the split target at batch 1 and context >= 8K only; each lists exactly the
     rows that miss, and a target with no row measured is left out."""
-    from kernels.bench_report import targets
+    from pagedctl.kernels.bench_report import targets
 
     def row(batch: int, ctx: int, block: int, bw: float, paging: float, speedup: float,
             ms: float) -> dict:  # fmt: skip

@@ -17,16 +17,17 @@ from torch import Tensor, nn
 
 triton = pytest.importorskip("triton")
 
-import kernels  # noqa: E402
-from engine.models.layers import (  # noqa: E402
+from pagedctl.engine.models.layers import (  # noqa: E402
     GatedMLP,
     RMSNorm,
     RopeConfig,
     RotaryEmbedding,
     apply_rotary,
 )
-from kernels import reference  # noqa: E402
-from kernels import triton_fused as tf  # noqa: E402
+from pagedctl.kernels import reference  # noqa: E402
+from pagedctl.kernels import triton_fused as tf  # noqa: E402
+
+from pagedctl import kernels  # noqa: E402
 from tests.test_kernels_triton import _compile, run_interpreter_suite  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

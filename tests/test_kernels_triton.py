@@ -22,9 +22,9 @@ from tests.test_kernels_reference import naive_attention
 
 triton = pytest.importorskip("triton")
 
-from kernels import configs, reference, triton_kv, triton_sample  # noqa: E402
-from kernels import triton_attention as ta  # noqa: E402
-from kernels import triton_splits as splits_mod  # noqa: E402
+from pagedctl.kernels import configs, reference, triton_kv, triton_sample  # noqa: E402
+from pagedctl.kernels import triton_attention as ta  # noqa: E402
+from pagedctl.kernels import triton_splits as splits_mod  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interp = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child process")
@@ -361,7 +361,7 @@ def test_interp_single_split_launches_no_combine(monkeypatch: pytest.MonkeyPatch
 
 @interp
 def test_interp_dispatch_through_kernels_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernels
+    from pagedctl import kernels
 
     monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
     b = make_batch(mixed(32), 32, (14, 2), seed=7)
@@ -477,8 +477,9 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
     warm-up runs included, is bounds-checked (their input buffers are shared between keys:
     stale -1 slots of one key once became another's positions, a read before the rotary
     tables that killed a CUDA context)."""
-    from engine import SamplingParams
-    from engine.llm import LLM
+    from pagedctl.engine import SamplingParams
+    from pagedctl.engine.llm import LLM
+
     from tests.tiny_models import save_tiny_model
 
     save_tiny_model("qwen2", tmp_path)
@@ -559,7 +560,7 @@ def test_split_count_keeps_its_bounds_everywhere(sms: int, tile_n: int) -> None:
 def test_dispatch_rule(
     monkeypatch: pytest.MonkeyPatch, forced: str, on_cuda: bool, backend: str
 ) -> None:
-    import kernels
+    from pagedctl import kernels
 
     class Probe:
         is_cuda = on_cuda
@@ -574,7 +575,7 @@ def test_kv_cache_storage_follows_the_backend(monkeypatch: pytest.MonkeyPatch, f
     """The reference keeps token-major storage; where the Triton kernels serve a device, each
     block is stored head-major behind a view of the same logical shape, and a write through the
     view lands in one contiguous run per (block, head)."""
-    import kernels
+    from pagedctl import kernels
 
     monkeypatch.setenv("PAGEDCTL_KERNELS", forced)
     kv = kernels.empty_kv_cache(3, 5, 16, 2, 8, torch.float32, "cpu")
@@ -592,7 +593,7 @@ def test_kv_cache_storage_follows_the_backend(monkeypatch: pytest.MonkeyPatch, f
 
 @compiled
 def test_dispatch_passes_the_split_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernels
+    from pagedctl import kernels
 
     seen: dict = {}
     monkeypatch.setattr(ta, "paged_attention", lambda *a, **k: seen.update(k) or "out")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pagedctl.kernels import reference
 from torch import Tensor
 
-import kernels
-from kernels import reference
+from pagedctl import kernels
 
 pytestmark = [
     pytest.mark.gpu,
@@ -72,7 +72,7 @@ def build(
 
 def compare(batch: tuple[Tensor, ...], num_splits: int | None = None) -> None:
     """Triton output == reference output within the dtype's tolerance; no NaN anywhere."""
-    from kernels.triton_attention import paged_attention
+    from pagedctl.kernels.triton_attention import paged_attention
 
     q, _, _, _, lens, cu = batch
     args = (*batch, int((cu[1:] - cu[:-1]).max()), int(lens.max()), q.shape[-1] ** -0.5)
@@ -120,9 +120,9 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
     kernel's output, call after call and from a CUDA graph replayed with changing lengths."""
     from dataclasses import replace
 
-    from kernels.configs import lookup
-    from kernels.triton_attention import paged_attention
-    from kernels.triton_splits import _COUNTERS
+    from pagedctl.kernels.configs import lookup
+    from pagedctl.kernels.triton_attention import paged_attention
+    from pagedctl.kernels.triton_splits import _COUNTERS
 
     lengths = torch.randint(1, 8192, (batch,), generator=torch.Generator().manual_seed(batch))
     q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), dtypes()[-1])
@@ -226,7 +226,7 @@ def test_cuda_graph_capture_and_replay_with_changing_lengths() -> None:
 def test_fused_sampler_matches_reference_at_vocabulary_scale(dtype: torch.dtype) -> None:
     """The fused temperature sampler on a 256 x 151,936 batch picks the reference's tokens
     (a mismatch needs a uniform within rounding of a CDF step: at most one row in 256)."""
-    from kernels.triton_sample import sample_temperature
+    from pagedctl.kernels.triton_sample import sample_temperature
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(256, 151936, device="cuda", generator=gen) * 4).to(dtype)
@@ -242,7 +242,7 @@ def test_fused_sampler_matches_reference_at_vocabulary_scale(dtype: torch.dtype)
 
 def test_fused_sampler_frequencies_on_cuda() -> None:
     """Over an even grid of uniforms the sampled frequencies equal softmax(logits / t)."""
-    from kernels.triton_sample import sample_temperature
+    from pagedctl.kernels.triton_sample import sample_temperature
 
     logits = torch.full((1, 151936), -20.0, device="cuda")
     logits[0, [5, 70000, 151935]] = torch.tensor([1.0, 2.0, 0.5], device="cuda")
@@ -262,9 +262,9 @@ def test_programmatic_dependent_launch_waits_for_write_kv(splits: int) -> None:
     waited for the write before it read the cache)."""
     from dataclasses import replace
 
-    from kernels.configs import lookup
-    from kernels.triton_attention import paged_attention
-    from kernels.triton_kv import write_kv
+    from pagedctl.kernels.configs import lookup
+    from pagedctl.kernels.triton_attention import paged_attention
+    from pagedctl.kernels.triton_kv import write_kv
 
     dev, dtype, batch, block_size, ctx, layers = torch.device("cuda"), dtypes()[-1], 64, 16, 2048, 6
     num_heads, num_kv_heads, head_dim = 14, 2, 64

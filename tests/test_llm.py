@@ -4,9 +4,9 @@ import dataclasses
 import random
 
 import pytest
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
 
-from engine import SamplingParams
-from engine.llm import LLM
 from tests.tiny_models import hf_greedy, save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -252,8 +252,8 @@ def test_few_sequence_graphs_ask_for_split_attention(llama_folder, monkeypatch):
     """A prefill step of one sequence replays a few-sequence graph, whose attention calls ask
     for `FEW_SPLITS` programs per query block (a long history shared out over the SMs); the
     other graphs leave the split count to the kernel."""
-    from engine.models import attention
-    from engine.step_graphs import FEW_SPLITS
+    from pagedctl.engine.models import attention
+    from pagedctl.engine.step_graphs import FEW_SPLITS
 
     seen: list[int | None] = []
     real = attention.paged_attention

@@ -7,17 +7,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from torch import Tensor
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
-
-from engine.models import (
+from pagedctl.engine.models import (
     AttentionMetadata,
     LlamaForCausalLM,
     UnsupportedModelError,
     WeightLoadError,
     build_model,
 )
-from engine.models.layers import RopeConfig, rope_config
+from pagedctl.engine.models.layers import RopeConfig, rope_config
+from torch import Tensor
+from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
 TINY = dict(
     vocab_size=256,

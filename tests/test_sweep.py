@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from pagedctl import sweep as sw
-from pagedctl.bench_recipe import WorkloadSpec, make_workload
-from pagedctl.recipes import RecipeError
+from pagedctl.bench.recipe import WorkloadSpec, make_workload
+from pagedctl.generate.recipe import RecipeError
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

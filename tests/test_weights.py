@@ -10,6 +10,17 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+from pagedctl.engine.kv_sizing import KVLayout
+from pagedctl.engine.model_source import resolve_model
+from pagedctl.engine.weights import (
+    ModelNotFoundError,
+    PickleCheckpointError,
+    UnsupportedModelError,
+    cached_hf_models,
+    expected_weight_shapes,
+    iter_weights,
+    load_tokenizer,
+)
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -18,18 +29,6 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
-)
-
-from engine.kv_sizing import KVLayout
-from engine.weights import (
-    ModelNotFoundError,
-    PickleCheckpointError,
-    UnsupportedModelError,
-    cached_hf_models,
-    expected_weight_shapes,
-    iter_weights,
-    load_tokenizer,
-    resolve_model,
 )
 
 TINY = {

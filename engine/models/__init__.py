@@ -1,8 +1,8 @@
 """Llama-family decoders (Llama, Qwen2, Qwen3) running on the paged KV cache."""
 
-from engine.models.attention import AttentionMetadata, PagedAttention
-from engine.models.layers import UnsupportedModelError
-from engine.models.llama import (
+from pagedctl.engine.models.attention import AttentionMetadata, PagedAttention
+from pagedctl.engine.models.layers import UnsupportedModelError
+from pagedctl.engine.models.llama import (
     SUPPORTED_ARCHITECTURES,
     LlamaForCausalLM,
     ModelSpec,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedctl.engine.models.layers import RotaryEmbedding
+from pagedctl.kernels import paged_attention, rotary_write_kv
 from torch import Tensor, nn
-
-from engine.models.layers import RotaryEmbedding
-from kernels import paged_attention, rotary_write_kv
 
 KVCache = tuple[Tensor, Tensor]  # one layer's K and V, each [num_blocks, block_size, Hkv, D]
 

@@ -12,10 +12,8 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
-from engine.models.attention import AttentionMetadata, KVCache, PagedAttention
-from engine.models.layers import (
+from pagedctl.engine.models.attention import AttentionMetadata, KVCache, PagedAttention
+from pagedctl.engine.models.layers import (
     Embedding,
     GatedMLP,
     Linear,
@@ -25,6 +23,7 @@ from engine.models.layers import (
     UnsupportedModelError,
     model_spec,
 )
+from torch import Tensor, nn
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 

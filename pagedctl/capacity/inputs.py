@@ -11,12 +11,12 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from engine.kv_sizing import parse_bytes
 from pagedctl.capacity import plan
 from pagedctl.capacity.card import CardError, resolve_card
 from pagedctl.capacity.lengths import Lengths, LengthsError, from_distribution, from_jobs
 from pagedctl.capacity.model import ModelFootprint, ModelSpecError, dtype_bytes, resolve_footprint
 from pagedctl.capacity.recipe import as_list
+from pagedctl.engine.kv_sizing import parse_bytes
 
 EXIT_USAGE = 2
 

@@ -165,7 +165,7 @@ def from_jobs(
     without one, estimated at 4 UTF-8 bytes per token. A request with `n` samples counts as `n`
     sequences (the engine would share their prompt; that sharing is not counted here).
     """
-    from pagedctl.jobs.reader import JobRequest, ReaderLimits, read_requests
+    from pagedctl.generate.reader import JobRequest, ReaderLimits, read_requests
 
     limits = ReaderLimits(max_tokens_limit=2**31 - 1, default_max_tokens=default_max_tokens)
     produced = _read_outputs(outputs) if outputs else {}

@@ -75,7 +75,7 @@ def probe_engine(
     """`LLM(...).memory` at each memory fraction (one model load, `reconfigure` for the rest),
     with or without step graphs, as the estimate counts them."""
     if make_llm is None:
-        from engine.llm import LLM as make_llm
+        from pagedctl.engine.llm import LLM as make_llm
     llm = make_llm(
         model,
         load_format="dummy",
@@ -196,7 +196,7 @@ def probe_rows(estimate: dict, contiguous: dict | None, engine: list[dict]) -> l
 
 
 def _show(v, unit: str) -> str:
-    from engine.kv_sizing import format_bytes
+    from pagedctl.engine.kv_sizing import format_bytes
 
     if v is None:
         return "-"

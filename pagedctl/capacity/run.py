@@ -8,9 +8,9 @@ from typing import Any
 
 from rich.console import Console
 
-from engine.kv_sizing import format_bytes
 from pagedctl.capacity import inputs, plan, report, sim
 from pagedctl.capacity.recipe import as_list, compare_rows
+from pagedctl.engine.kv_sizing import format_bytes
 
 
 class CapacityRun:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block_pool import BlockPool
-from engine.kv_cache_manager import cdiv
+from pagedctl.engine.block_pool import BlockPool
+from pagedctl.engine.kv_cache_manager import cdiv
 
 WARMUP_SHARE = 0.1  # arrivals before this share of the stream fill the pool and are not counted
 

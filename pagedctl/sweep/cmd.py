@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pagedctl.recipes import RecipeError
+from pagedctl.recipe_file import RecipeError
 from pagedctl.sweep.recipe import (
     SweepRecipe,
     add_axes,

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from pagedctl.recipes import RecipeError
+from pagedctl.recipe_file import RecipeError
 from pagedctl.sweep.metrics import DEFAULT_COLUMNS, METRICS
 from pagedctl.sweep.settings import (
     DEFAULT_WORKLOAD,
@@ -286,7 +286,7 @@ def scale_recipe(recipe: SweepRecipe, factor: float) -> None:
     """
     if factor == 1.0:
         return
-    from engine.kv_sizing import parse_bytes
+    from pagedctl.engine.kv_sizing import parse_bytes
 
     def scaled(value: Any, low: int = 1) -> Any:
         if isinstance(value, list | tuple):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedctl.recipes import RecipeError
+from pagedctl.recipe_file import RecipeError
 from pagedctl.sweep.measure import run_once
 from pagedctl.sweep.metrics import METRICS
 from pagedctl.sweep.recipe import Compare, Experiment, Point, SweepRecipe
@@ -106,7 +106,7 @@ class SweepError(Exception):
 
 def engine_defaults() -> dict[str, Any]:
     """The engine's own default for every setting a point may change."""
-    from engine.llm import LLM
+    from pagedctl.engine.llm import LLM
 
     params = inspect.signature(LLM.__init__).parameters
     return {k: params[k].default for k in ENGINE_KEYS}
@@ -114,8 +114,8 @@ def engine_defaults() -> dict[str, Any]:
 
 def load_engine(recipe: SweepRecipe):
     """Load the model once, on a one-block pool that the first point replaces."""
-    from engine.llm import LLM
-    from engine.weights import ModelNotFoundError, UnsupportedModelError
+    from pagedctl.engine.llm import LLM
+    from pagedctl.engine.weights import ModelNotFoundError, UnsupportedModelError
 
     try:
         return LLM(
@@ -212,7 +212,7 @@ def engine_info(llm) -> dict[str, Any]:
     import torch
 
     info = {
-        "model": llm.source.name,
+        "model": llm.model_name,
         "load_format": llm.source.load_format,
         "dtype": str(llm.dtype).removeprefix("torch."),
         "device": str(llm.device),

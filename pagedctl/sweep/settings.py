@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pagedctl.recipes import RecipeError
+from pagedctl.recipe_file import RecipeError
 
 # fmt: off
 ENGINE_KEYS = ("block_size", "num_blocks", "kv_cache_memory", "gpu_memory_utilization",
@@ -84,7 +84,7 @@ def check_value(where: str, key: str, value: Any) -> Any:
     elif key in LENGTH_KEYS or key == "token_ids":
         parse_length(where, key, value)
     elif key == "kv_cache_memory":
-        from engine.kv_sizing import parse_bytes
+        from pagedctl.engine.kv_sizing import parse_bytes
 
         try:
             parse_bytes(value)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pagedctl.recipes import RecipeError
+from pagedctl.recipe_file import RecipeError
 from pagedctl.sweep.settings import DEFAULT_WORKLOAD, WORKLOAD_KINDS, parse_length
 
 logger = logging.getLogger("pagedctl.sweep")  # one logger, one name, for the whole package
@@ -52,7 +52,7 @@ def build_workload(spec: dict[str, Any], vocab_size: int, cache: dict | None = N
 
 
 def _params(spec: dict, max_tokens: int):
-    from engine import SamplingParams
+    from pagedctl.engine import SamplingParams
 
     temperature = spec.get("temperature")
     return SamplingParams(
@@ -65,7 +65,7 @@ def _params(spec: dict, max_tokens: int):
 
 def _random_workload(spec: dict, token_ids: tuple[int, int]) -> Workload:
     """W1's generator (shared with `pagedctl bench`): prompts first, then output lengths."""
-    from pagedctl.bench_recipe import WorkloadSpec, make_workload
+    from pagedctl.bench.recipe import WorkloadSpec, make_workload
 
     wl = make_workload(
         WorkloadSpec(
@@ -111,9 +111,9 @@ def _shared_prefix_workload(spec: dict, token_ids: tuple[int, int]) -> Workload:
 
 def _file_workload(spec: dict, cache: dict) -> Workload:
     """A `generate` input file (both line formats); bad lines are counted and left out."""
-    from engine import SamplingParams
-    from pagedctl.generate import engine_input
-    from pagedctl.jobs.reader import LineError, ReaderLimits, read_requests
+    from pagedctl.engine import SamplingParams
+    from pagedctl.generate.job import engine_input
+    from pagedctl.generate.reader import LineError, ReaderLimits, read_requests
 
     key = (spec["input"], spec.get("max_tokens"), spec.get("temperature"), spec.get("ignore_eos"))
     if key in cache:

@@ -11,11 +11,10 @@ import importlib.util
 import os
 import sys
 
+import pagedctl.kernels.sweep as sw
+import pagedctl.kernels.triton_attention as new
 import torch
-
-import kernels.sweep as sw
-import kernels.triton_attention as new
-from kernels.bench_timing import _table, per_call_ms
+from pagedctl.kernels.bench_timing import _table, per_call_ms
 
 spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
 old = importlib.util.module_from_spec(spec)

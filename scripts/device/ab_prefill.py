@@ -8,13 +8,12 @@ import functools
 import importlib.util
 import sys
 
+import pagedctl.kernels.triton_attention as new
 import torch
 import torch.nn.functional as F
+from pagedctl.kernels.bench import SHAPES
+from pagedctl.kernels.bench_timing import _pool
 from triton.testing import do_bench
-
-import kernels.triton_attention as new
-from kernels.bench import SHAPES
-from kernels.bench_timing import _pool
 
 spec = importlib.util.spec_from_file_location("old_attention", sys.argv[1])
 old = importlib.util.module_from_spec(spec)

@@ -27,12 +27,11 @@ import json
 import pathlib
 import sys
 
+import pagedctl.kernels.sweep as sw
+import pagedctl.kernels.triton_attention as shipped
 import torch
 from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
-
-import kernels.sweep as sw
-import kernels.triton_attention as shipped
-from kernels.bench_timing import _table, per_call_ms
+from pagedctl.kernels.bench_timing import _table, per_call_ms
 
 _FIRST = (
     "    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE\n"

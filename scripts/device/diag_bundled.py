@@ -7,9 +7,10 @@ import sys
 import traceback
 from dataclasses import replace
 
-import kernels.configs as configs
-from engine import SamplingParams
-from engine.llm import LLM
+import pagedctl.kernels.configs as configs
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
+
 from tests.test_llm_gpu import BUNDLED_PROMPTS  # the GPU test's prompts
 
 variant = sys.argv[1]

@@ -22,14 +22,14 @@ import random
 import sys
 from pathlib import Path
 
+import pagedctl.engine.models.attention as attn_mod
 import torch
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
+from pagedctl.kernels.bench_timing import _pool, _table
 from pool_probe import kernel_us  # (scripts/device, the script's own folder)
 
-import engine.models.attention as attn_mod
-import kernels
-from engine import SamplingParams
-from engine.llm import LLM
-from kernels.bench_timing import _pool, _table
+from pagedctl import kernels
 
 LAYERS = 24
 

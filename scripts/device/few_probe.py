@@ -27,12 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+import pagedctl.engine.step_graphs as sg
 import torch
-
-import engine.step_graphs as sg
-from engine import SamplingParams
-from engine.llm import LLM
-from engine.model_runner import ModelRunner
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
+from pagedctl.engine.model_runner import ModelRunner
 
 ROUNDS = int(os.environ.get("FEW_ROUNDS", 15))
 SUFFIX = 16

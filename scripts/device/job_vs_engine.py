@@ -40,7 +40,7 @@ FAKE = os.environ.get("JOB_FAKE_MODEL") == "1"
 
 def fake_model() -> None:
     """Every step returns at once: a random token for each row that reaches its end."""
-    from engine.model_runner import ModelRunner, StepResult
+    from pagedctl.engine.model_runner import ModelRunner, StepResult
 
     rng = random.Random(1)
 
@@ -64,8 +64,7 @@ def trace_jit(path: Path) -> None:
     import atexit
 
     import triton
-
-    from engine.llm import LLM
+    from pagedctl.engine.llm import LLM
 
     misses: list[list] = []
     marks: dict[str, float] = {}
@@ -103,7 +102,7 @@ def trace_jit(path: Path) -> None:
 
 
 def w1_workload():
-    from pagedctl.bench_recipe import load_bench_recipe, make_workload
+    from pagedctl.bench.recipe import load_bench_recipe, make_workload
 
     spec = load_bench_recipe(ROOT / "recipes/nano-bench.yaml").workload
     if spec.num_requests != N:
@@ -130,8 +129,8 @@ def run_job(name: str, lines: list[dict], out: Path, model: str | None) -> dict:
 
 
 def run_engine(wl, model: str | None) -> dict:
-    from pagedctl.bench_peers import run_pagedctl
-    from pagedctl.bench_recipe import BenchRecipe
+    from pagedctl.bench.peers import run_pagedctl
+    from pagedctl.bench.recipe import BenchRecipe
 
     side = run_pagedctl(BenchRecipe(name="job-vs-engine", model=model), wl, {})
     tokens = sum(c or 0 for c in side.counts)

@@ -5,11 +5,10 @@ SHAPE BATCH CTX [SPLITS TILE WARPS STAGES FUSED]` (no config = the shipped one a
 import sys
 
 import torch
-
-from kernels.bench import SHAPES
-from kernels.bench_timing import _pool
-from kernels.configs import AttentionConfig
-from kernels.triton_attention import paged_attention
+from pagedctl.kernels.bench import SHAPES
+from pagedctl.kernels.bench_timing import _pool
+from pagedctl.kernels.configs import AttentionConfig
+from pagedctl.kernels.triton_attention import paged_attention
 
 shape, batch, ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 splits, cfg = None, None

@@ -18,12 +18,11 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import pagedctl.kernels.sweep as sw
+import pagedctl.kernels.triton_attention as shipped
 import torch
-
-import kernels.sweep as sw
-import kernels.triton_attention as shipped
-from kernels.bench_timing import per_call_ms
-from kernels.triton_kv import write_kv
+from pagedctl.kernels.bench_timing import per_call_ms
+from pagedctl.kernels.triton_kv import write_kv
 
 src = Path(shipped.__file__).read_text()
 early = """    if PDL:

@@ -28,9 +28,8 @@ import sys
 from pathlib import Path
 
 import torch
-
-from kernels import empty_kv_cache, paged_attention
-from kernels.bench_timing import _pool, _table, num_layers, per_call_ms
+from pagedctl.kernels import empty_kv_cache, paged_attention
+from pagedctl.kernels.bench_timing import _pool, _table, num_layers, per_call_ms
 
 HQ, HKV, D, BLOCK, LAYERS = 14, 2, 64, 16, 24  # Qwen2.5-0.5B
 

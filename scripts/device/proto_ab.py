@@ -12,13 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import pagedctl.kernels.sweep as sw
 import torch
 import triton
-
-import kernels.sweep as sw
-from kernels.bench_timing import _table, per_call_ms
-from kernels.triton_attention import _device_info
-from kernels.triton_splits import _split_counters, choose_num_splits
+from pagedctl.kernels.bench_timing import _table, per_call_ms
+from pagedctl.kernels.triton_attention import _device_info
+from pagedctl.kernels.triton_splits import _split_counters, choose_num_splits
 
 
 def split_workspace(q: torch.Tensor, num_kv_heads: int, splits: int):

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import torch
-
-from kernels.bench import SHAPES
-from kernels.bench_timing import read_floor_ms
+from pagedctl.kernels.bench import SHAPES
+from pagedctl.kernels.bench_timing import read_floor_ms
 
 data = json.loads(Path(sys.argv[1]).read_text())
 for row in data["peers"]:

@@ -5,10 +5,10 @@ call, T = 8, 256 (decode batches) and 2048, 16384 (prefill chunks). Eager: CUDA 
 50 calls after a warm-up, the order two, one, one, two (means of two); microseconds a call."""
 
 import torch
+from pagedctl.kernels import triton_fused as tf
+from pagedctl.kernels.triton_kv import write_kv
 
-import kernels
-from kernels import triton_fused as tf
-from kernels.triton_kv import write_kv
+from pagedctl import kernels
 
 HQ, HKV, D, BLOCK = 14, 2, 64, 16
 

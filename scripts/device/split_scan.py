@@ -15,12 +15,11 @@ import math
 import os
 import sys
 
+import pagedctl.kernels.sweep as sw
 import torch
-
-import kernels.sweep as sw
-from kernels.bench_timing import per_call_ms
-from kernels.triton_attention import _device_info, paged_attention
-from kernels.triton_splits import choose_num_splits
+from pagedctl.kernels.bench_timing import per_call_ms
+from pagedctl.kernels.triton_attention import _device_info, paged_attention
+from pagedctl.kernels.triton_splits import choose_num_splits
 
 SPLITS = (2, 4, 8, 12, 16, 24, 32)
 

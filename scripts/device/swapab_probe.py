@@ -29,8 +29,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-
-from kernels.triton_splits import _merge_splits
+from pagedctl.kernels.triton_splits import _merge_splits
 
 LOG2E = 1.4426950408889634
 
@@ -156,7 +155,7 @@ BLOCK = 16
 
 def check_cpu() -> None:
     """Against the reference op, under the interpreter: GQA groups, blocks, splits, NaN slots."""
-    from kernels.reference import paged_attention as ref
+    from pagedctl.kernels.reference import paged_attention as ref
 
     torch.manual_seed(0)
     for hq, hkv, block, lens, splits in [

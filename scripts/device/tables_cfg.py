@@ -16,12 +16,11 @@ import json
 import pathlib
 import sys
 
+import pagedctl.kernels.sweep as sw
 import torch
-
-import kernels.sweep as sw
-from kernels.bench_timing import _table, per_call_ms
-from kernels.triton_attention import _device_info
-from kernels.triton_splits import choose_num_splits
+from pagedctl.kernels.bench_timing import _table, per_call_ms
+from pagedctl.kernels.triton_attention import _device_info
+from pagedctl.kernels.triton_splits import choose_num_splits
 
 SHAPES = [("qwen2.5-0.5b", 8, 32768, 16), ("qwen2.5-0.5b", 8, 32768, 32),
           ("smollm2-135m", 8, 32768, 16)]  # fmt: skip

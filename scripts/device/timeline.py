@@ -25,14 +25,13 @@ import pathlib
 import statistics
 import sys
 
+import pagedctl.kernels.sweep as sw
 import torch
 import triton
 import triton.language as tl
 from kernel_copy import edited_copy  # (scripts/device, the script's own folder)
-
-import kernels.sweep as sw
-from kernels.bench_timing import per_call_ms, read_grid
-from kernels.triton_attention import _device_info, paged_attention
+from pagedctl.kernels.bench_timing import per_call_ms, read_grid
+from pagedctl.kernels.triton_attention import _device_info, paged_attention
 
 
 @triton.jit

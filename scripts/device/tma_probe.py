@@ -20,9 +20,8 @@ import sys
 
 import triton
 import triton.language as tl
+from pagedctl.kernels.triton_splits import _merge_splits
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-from kernels.triton_splits import _merge_splits
 
 LOG2E = 1.4426950408889634
 

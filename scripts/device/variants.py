@@ -136,11 +136,10 @@ import os
 import pathlib
 import sys
 
+import pagedctl.kernels.sweep as sw
 import torch
 from kernel_copy import SRC, edited_copy  # (scripts/device, the script's own folder)
-
-import kernels.sweep as sw
-from kernels.bench_timing import _table, per_call_ms
+from pagedctl.kernels.bench_timing import _table, per_call_ms
 
 _NO_MERGE_PATH = [  # partials stored, no barrier, atomic or merge
     ("            tl.debug_barrier()\n", ""),
@@ -1068,7 +1067,7 @@ CASES = [  # (shape, batch, context)
 
 
 def main() -> None:
-    import kernels.triton_attention as shipped
+    import pagedctl.kernels.triton_attention as shipped
 
     args = sys.argv[2:]
     names = [a for a in args if "=" not in a] or list(VARIANTS)

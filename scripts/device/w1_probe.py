@@ -3,7 +3,7 @@ OUT.json [RECIPE]` (default `recipes/nano-bench.yaml`) measures the tree on `PYT
 older tree from `git archive REV engine kernels pagedctl | tar -x -C old_tree`, put it first
 (`PYTHONPATH=$PWD/old_tree:$PYTHONPATH python3 scripts/device/w1_probe.py ...`).
 
-Runs pagedctl's side of `pagedctl bench` (`pagedctl.bench_peers.run_pagedctl`: set-up and warm-up,
+Runs pagedctl's side of `pagedctl bench` (`pagedctl.bench.peers.run_pagedctl`: set-up and warm-up,
 then one timed `generate`) with three recorders around it:
   - every Triton JIT cache miss of this process (a compilation, or a load from Triton's disk
     cache), with when it happened: one inside the timed `generate` is time W1 pays for a kernel
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 import triton
+from pagedctl.engine.model_runner import ModelRunner
 
-from engine.model_runner import ModelRunner
-from pagedctl.bench_peers import run_pagedctl
-from pagedctl.bench_recipe import load_bench_recipe, make_workload
+from pagedctl.bench.peers import run_pagedctl
+from pagedctl.bench.recipe import load_bench_recipe, make_workload
 
 COMPILES: list[tuple[float, str]] = []
 _sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -81,7 +81,7 @@ def main() -> None:
             kind_n["decode rounds"] += 1
             yield tokens
 
-    from engine.llm import LLM
+    from pagedctl.engine.llm import LLM
 
     generate = LLM.generate
     calls = []

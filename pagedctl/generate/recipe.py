@@ -9,22 +9,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pagedctl.engine.config import ConfigError, canonical
+from pagedctl.recipe_file import RecipeError, read_recipe
 
-ENGINE_KEYS = (
-    "block_size",
-    "num_blocks",
-    "kv_cache_memory",
-    "gpu_memory_utilization",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "enable_prefix_caching",
-    "dtype",
-    "device",
-    "seed",
-    "num_scheduler_steps",
-)
 SAMPLING_KEYS = (
     "max_tokens",
     "temperature",
@@ -38,10 +25,6 @@ SAMPLING_KEYS = (
 JOB_KEYS = ("input", "output", "errors", "max_line_bytes", "fsync_every", "summary_json")
 
 
-class RecipeError(ValueError):
-    """A recipe that cannot be used as written."""
-
-
 @dataclass
 class JobSettings:
     """Everything a `generate` run needs, after merging the recipe and the flags."""
@@ -49,7 +32,6 @@ class JobSettings:
     input: Path | None = None
     output: Path | None = None
     errors: Path | None = None
-    model: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=lambda: {"max_tokens": 256})
     max_line_bytes: int = 4 * 2**20
@@ -59,21 +41,22 @@ class JobSettings:
 
 def load_recipe(path: Path) -> dict[str, Any]:
     """Read and check a recipe: known sections and keys only, so a typo is an error, not a no-op."""
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise RecipeError(f"cannot read recipe {path}: {e}") from None
-    if not isinstance(doc, dict):
-        raise RecipeError(f"recipe {path} must be a mapping of sections")
-    allowed = {"model": None, "engine": ENGINE_KEYS, "sampling": SAMPLING_KEYS, "job": JOB_KEYS}
+    doc = read_recipe(path)
+    allowed = {"model": None, "engine": None, "sampling": SAMPLING_KEYS, "job": JOB_KEYS}
     for key, value in doc.items():
         if key not in allowed:
             raise RecipeError(f"recipe {path}: unknown section {key!r}; use {', '.join(allowed)}")
-        keys = allowed[key]
-        if keys is None:
+        if key == "model":
             continue
         if not isinstance(value, dict):
             raise RecipeError(f"recipe {path}: section {key!r} must be a mapping")
+        if key == "engine":
+            try:
+                doc["engine"] = canonical(value, f"recipe {path}, engine")
+            except ConfigError as e:
+                raise RecipeError(str(e)) from None
+            continue
+        keys = allowed[key]
         unknown = sorted(set(value) - set(keys))
         if unknown:
             raise RecipeError(
@@ -82,14 +65,22 @@ def load_recipe(path: Path) -> dict[str, Any]:
     return doc
 
 
-def merge(recipe: dict[str, Any], flags: dict[str, Any], base: Path | None = None) -> JobSettings:
-    """Settings from a checked recipe, then the flags that were given (None means not given).
+def merge(
+    recipe: dict[str, Any],
+    flags: dict[str, Any],
+    engine: dict[str, Any],
+    base: Path | None = None,
+) -> JobSettings:
+    """Settings from a checked recipe, then the flags that were given (None means not given)
+    and the engine flags that were given (by setting name).
 
     Relative paths in a recipe are taken relative to the recipe's folder (`base`).
     """
     s = JobSettings()
-    s.model = recipe.get("model")
+    if recipe.get("model") is not None:
+        s.engine["model"] = str(recipe["model"])
     s.engine.update(recipe.get("engine") or {})
+    s.engine.update(engine)
     s.sampling.update(recipe.get("sampling") or {})
     job = recipe.get("job") or {}
     for key in ("input", "output", "errors", "summary_json"):
@@ -102,9 +93,7 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any], base: Path | None = Non
     for key, value in flags.items():
         if value is None:
             continue
-        if key in ENGINE_KEYS:
-            s.engine[key] = value
-        elif key.startswith("sampling_"):
+        if key.startswith("sampling_"):
             s.sampling[key.removeprefix("sampling_")] = value
         elif key in {f.name for f in fields(JobSettings)}:
             setattr(s, key, value)

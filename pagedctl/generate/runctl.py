@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pagedctl.jobs.store import fsync_dir
+from pagedctl.generate.store import fsync_dir
 
 # Manifest keys that are not compared on resume: bookkeeping, and "capacity" (settings that change
 # how fast a job runs, not what it writes: batch sizes, pool size, block size, device).

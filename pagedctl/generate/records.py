@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the engine is only read here; importing it at run time is not needed
-    from engine.outputs import CompletionOutput, RequestOutput
+    from pagedctl.engine.outputs import CompletionOutput, RequestOutput
 
 TokenText = Callable[[int], str]
 ENDPOINTS = ("chat", "completion")

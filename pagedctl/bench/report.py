@@ -17,10 +17,10 @@ import torch
 from rich import box
 from rich.table import Table
 
-from engine.kv_sizing import format_bytes
-from pagedctl.bench_continuous import run_hf_continuous
-from pagedctl.bench_peers import MemoryMeter, SideRun, run_hf_generate, run_hf_static, run_pagedctl
-from pagedctl.bench_recipe import BenchRecipe, Workload, make_workload
+from pagedctl.bench.continuous import run_hf_continuous
+from pagedctl.bench.peers import MemoryMeter, SideRun, run_hf_generate, run_hf_static, run_pagedctl
+from pagedctl.bench.recipe import BenchRecipe, Workload, make_workload
+from pagedctl.engine.kv_sizing import format_bytes
 
 SIDES: dict[str, Callable[[BenchRecipe, Workload, dict], SideRun]] = {
     "pagedctl": run_pagedctl,
@@ -43,8 +43,8 @@ COLUMNS = (
 
 def check_runnable(recipe: BenchRecipe) -> None:
     """Fail early, with the engine's own message, on a model, device or dtype that cannot run."""
-    from engine.device import resolve_device, resolve_dtype
-    from engine.weights import resolve_model
+    from pagedctl.engine import resolve_model
+    from pagedctl.engine.device import resolve_device, resolve_dtype
 
     try:
         device = resolve_device(recipe.device)
@@ -59,7 +59,7 @@ def check_runnable(recipe: BenchRecipe) -> None:
 
 def device_info(recipe: BenchRecipe) -> dict:
     """The accelerator the run used, for the environment record."""
-    from engine.device import resolve_device
+    from pagedctl.engine.device import resolve_device
 
     device = resolve_device(recipe.device)
     if device.type != "cuda":
@@ -69,13 +69,13 @@ def device_info(recipe: BenchRecipe) -> dict:
 
 def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None]) -> dict:
     """Run pagedctl, then each peer, one after another in this process; a JSON-ready result."""
-    from engine.device import resolve_device
+    from pagedctl.engine.device import resolve_device
 
     device = resolve_device(recipe.device)
     wl = make_workload(recipe.workload)
     rows: list[dict] = []
     for name in ["pagedctl", *peers]:
-        settings = recipe.engine if name == "pagedctl" else recipe.peers.get(name, {})
+        settings = {} if name == "pagedctl" else recipe.peers.get(name, {})
         if rows and rows[-1]["status"] == "error" and not _device_usable(device):
             rows.append({"side": name, "status": "error", "error": "skipped: " + _LOST})
         else:

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engine import SamplingParams
+from pagedctl.engine import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOP = 16

@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedctl.engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
 
 
 @dataclass(frozen=True)

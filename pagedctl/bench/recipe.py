@@ -14,25 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from pagedctl.recipes import ENGINE_KEYS, RecipeError
+from pagedctl.engine.config import SETTINGS, ConfigError, EngineConfig, canonical
+from pagedctl.recipe_file import RecipeError, read_recipe
 
 PEERS = ("hf-generate", "hf-static", "hf-continuous")
-TOP_KEYS = (
-    "name",
-    "model",
-    "load_format",
-    "device",
-    "dtype",
-    "seed",
-    "engine",
-    "workload",
-    "peers",
-)
-BENCH_ENGINE_KEYS = tuple(k for k in ENGINE_KEYS if k not in ("dtype", "device", "seed")) + (
-    "cuda_graphs",
-)
+TOP_KEYS = ("name", "engine", "workload", "peers")  # and any engine setting, e.g. model
 WORKLOAD_KEYS = ("num_requests", "prompt_len", "output_len", "token_ids", "seed", "temperature")
 PEER_KEYS = {
     "hf-generate": ("batch_size", "attn_implementation"),
@@ -80,17 +66,19 @@ class Workload:
 
 @dataclass
 class BenchRecipe:
-    """A checked benchmark recipe."""
+    """A checked benchmark recipe: pagedctl's engine settings, the workload, the peers'."""
 
     name: str
-    model: str | None
-    load_format: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    seed: int = 0
-    engine: dict[str, Any] = field(default_factory=dict)
+    config: EngineConfig = field(default_factory=EngineConfig)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    # Every side runs the same model on the same device, in the same dtype, from the same seed.
+    model = property(lambda self: self.config.model)
+    load_format = property(lambda self: self.config.load_format)
+    device = property(lambda self: self.config.device)
+    dtype = property(lambda self: self.config.dtype)
+    seed = property(lambda self: self.config.seed)
 
 
 def make_workload(spec: WorkloadSpec) -> Workload:
@@ -118,15 +106,21 @@ def parse_peers(text: str) -> list[str]:
 
 def load_bench_recipe(path: Path) -> BenchRecipe:
     """Read and check a benchmark recipe; a typo in a key is an error, not a silent default."""
+    doc = read_recipe(path)
+    top = {k: v for k, v in doc.items() if k not in SETTINGS}
+    _check_keys(path, "recipe", top, (*TOP_KEYS, "or an engine setting"))
+    section = doc.get("engine") or {}
+    if not isinstance(section, dict):
+        raise RecipeError(f"recipe {path}: section 'engine' must be a mapping")
+    engine = {k: v for k, v in doc.items() if k in SETTINGS}
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise RecipeError(f"cannot read recipe {path}: {e}") from None
-    if not isinstance(doc, dict):
-        raise RecipeError(f"recipe {path} must be a mapping")
-    _check_keys(path, "recipe", doc, TOP_KEYS)
-    engine = _section(path, doc, "engine", BENCH_ENGINE_KEYS)
-    work = _section(path, doc, "workload", WORKLOAD_KEYS)
+        config = EngineConfig(**canonical({**engine, **section}, f"recipe {path}, engine"))
+    except ConfigError as e:
+        raise RecipeError(str(e)) from None
+    work = doc.get("workload") or {}
+    if not isinstance(work, dict):
+        raise RecipeError(f"recipe {path}: section 'workload' must be a mapping")
+    _check_keys(path, "workload", work, WORKLOAD_KEYS)
     peers = doc.get("peers") or {}
     if not isinstance(peers, dict):
         raise RecipeError(f"recipe {path}: 'peers' must map peer names to their settings")
@@ -137,12 +131,7 @@ def load_bench_recipe(path: Path) -> BenchRecipe:
         _check_keys(path, f"peer {name}", settings or {}, PEER_KEYS[name])
     return BenchRecipe(
         name=str(doc.get("name") or path.stem),
-        model=doc.get("model"),
-        load_format=str(doc.get("load_format", "auto")),
-        device=str(doc.get("device", "auto")),
-        dtype=str(doc.get("dtype", "auto")),
-        seed=_int(path, "seed", doc.get("seed", 0), 0),
-        engine=engine,
+        config=config,
         workload=_workload(path, work),
         peers={name: dict(settings or {}) for name, settings in peers.items()},
     )
@@ -154,14 +143,6 @@ def _check_keys(path: Path, where: str, doc: dict, known: tuple[str, ...]) -> No
         raise RecipeError(
             f"recipe {path}: unknown {where} keys {unknown}; known: {', '.join(known)}"
         )
-
-
-def _section(path: Path, doc: dict, key: str, known: tuple[str, ...]) -> dict:
-    value = doc.get(key) or {}
-    if not isinstance(value, dict):
-        raise RecipeError(f"recipe {path}: section {key!r} must be a mapping")
-    _check_keys(path, key, value, known)
-    return dict(value)
 
 
 def _int(path: Path, key: str, value: Any, low: int) -> int:

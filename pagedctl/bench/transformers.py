@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from engine import SamplingParams
-from engine.llm import LLM
-from pagedctl.bench_peers import left_pad
+from pagedctl.bench.peers import left_pad
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
 
 
 def load_chat_requests(path: Path) -> list[dict]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from pagedctl.bench_peers import SideRun, hf_config, hf_peer_model, sampling_kwargs
-from pagedctl.bench_recipe import BenchRecipe, Workload
+from pagedctl.bench.peers import SideRun, hf_config, hf_peer_model, sampling_kwargs
+from pagedctl.bench.recipe import BenchRecipe, Workload
 
 
 def _cb_config(settings: dict, device: torch.device, seed: int):

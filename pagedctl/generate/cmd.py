@@ -6,12 +6,14 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from pagedctl.generate import (
+from pagedctl.engine.config import ConfigError, EngineConfig
+from pagedctl.generate.job import (
     EXIT_CODES,
     EXIT_SIGINT,
     EXIT_USAGE,
@@ -19,53 +21,37 @@ from pagedctl.generate import (
     JobExit,
     exit_code_for,
 )
-from pagedctl.recipes import RecipeError, load_recipe, merge
+from pagedctl.generate.recipe import load_recipe, merge
+from pagedctl.options import engine_flags
+from pagedctl.recipe_file import RecipeError, find_recipe
 
 _EXIT_HELP = "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
 
 
+@engine_flags()
 def generate(
     input: Path | None = typer.Argument(
         None, help="Input JSONL (OpenAI batch lines or simple lines)."
     ),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Results [IN stem].out.jsonl."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Results file.", show_default="IN.out.jsonl"
+    ),
     errors: Path | None = typer.Option(
-        None, "--errors", help="Error records [IN stem].errors.jsonl."
+        None, "--errors", help="Error records.", show_default="IN.errors.jsonl"
     ),
     recipe: Path | None = typer.Option(None, "--recipe", help="YAML recipe; flags override it."),
-    model: str | None = typer.Option(
-        None, "--model", help="Model [bundled SmolLM2-135M-Instruct]."
-    ),
     max_tokens: int | None = typer.Option(
-        None, help="Default max_tokens of a line that gives none [256]."
+        None, help="Default max_tokens of a line that gives none.", show_default="256"
     ),
-    temperature: float | None = typer.Option(None, help="Default temperature [1.0; 0 is greedy]."),
-    top_p: float | None = typer.Option(None, help="Default top_p [1.0]."),
-    top_k: int | None = typer.Option(None, help="Default top_k [0 = off]."),
-    min_p: float | None = typer.Option(None, help="Default min_p [0.0]."),
+    temperature: float | None = typer.Option(
+        None, help="Default temperature (0 is greedy).", show_default="1.0"
+    ),
+    top_p: float | None = typer.Option(None, help="Default top_p.", show_default="1.0"),
+    top_k: int | None = typer.Option(None, help="Default top_k (0 is off).", show_default="0"),
+    min_p: float | None = typer.Option(None, help="Default min_p.", show_default="0.0"),
     stop: list[str] | None = typer.Option(None, "--stop", help="Default stop string (repeatable)."),
     ignore_eos: bool | None = typer.Option(
         None, "--ignore-eos", help="Default: keep going past EOS."
-    ),
-    block_size: int | None = typer.Option(None, help="KV block size in tokens [16]."),
-    num_blocks: int | None = typer.Option(None, help="KV blocks in the pool (overrides sizing)."),
-    kv_cache_memory: str | None = typer.Option(None, help="KV cache size, e.g. 4GiB."),
-    gpu_mem: float | None = typer.Option(
-        None, "--gpu-mem", help="CUDA: fraction of total device memory this process may use [0.9]."
-    ),
-    max_num_seqs: int | None = typer.Option(
-        None, help="Most sequences running at once [256; 1,024 on a CUDA card of 70 GiB+]."
-    ),
-    max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one step."),
-    max_model_len: int | None = typer.Option(None, help="Longest sequence in tokens."),
-    prefix_caching: bool | None = typer.Option(
-        None, "--prefix-caching/--no-prefix-caching", help="Share KV of common prefixes [on]."
-    ),
-    dtype: str | None = typer.Option(None, help="auto, float32, float16 or bfloat16 [auto]."),
-    device: str | None = typer.Option(None, help="auto, cpu or cuda[:N] [auto]."),
-    seed: int | None = typer.Option(None, help="Engine seed (unseeded sampling) [0]."),
-    num_scheduler_steps: int | None = typer.Option(
-        None, min=1, help="Decode steps run back to back per scheduling round, on CUDA [8]."
     ),
     summary_json: Path | None = typer.Option(
         None, "--summary-json", help="Write the summary here."
@@ -73,7 +59,10 @@ def generate(
     log_format: str = typer.Option("text", help="text or json (JSON lines on stderr)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
     force: bool = typer.Option(False, "--force", help="Resume even if the settings changed."),
-    max_line_bytes: int | None = typer.Option(None, help="Longest input line in bytes [4 MiB]."),
+    max_line_bytes: int | None = typer.Option(
+        None, help="Longest input line in bytes.", show_default="4 MiB"
+    ),
+    engine: dict[str, Any] | None = None,
 ) -> None:
     """Run a JSONL batch job: one request per line, results appended as they finish.
 
@@ -86,14 +75,15 @@ def generate(
         raise typer.BadParameter("--log-format is text or json")
     _configure_logging(quiet, log_format)
     try:
+        recipe = find_recipe(recipe) if recipe else None
         doc = load_recipe(recipe) if recipe else {}
-    except RecipeError as e:
+        EngineConfig.from_mapping({**doc.get("engine", {}), **(engine or {})})
+    except (RecipeError, ConfigError) as e:
         _fail(EXIT_USAGE, str(e))
     flags = {
         "input": input,
         "output": output,
         "errors": errors,
-        "model": model,
         "summary_json": summary_json,
         "max_line_bytes": max_line_bytes,
         "sampling_max_tokens": max_tokens,
@@ -103,20 +93,8 @@ def generate(
         "sampling_min_p": min_p,
         "sampling_stop": list(stop) if stop else None,
         "sampling_ignore_eos": ignore_eos,
-        "block_size": block_size,
-        "num_blocks": num_blocks,
-        "kv_cache_memory": kv_cache_memory,
-        "gpu_memory_utilization": gpu_mem,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "max_model_len": max_model_len,
-        "enable_prefix_caching": prefix_caching,
-        "dtype": dtype,
-        "device": device,
-        "seed": seed,
-        "num_scheduler_steps": num_scheduler_steps,
     }
-    settings = merge(doc, flags, base=recipe.parent if recipe else None)
+    settings = merge(doc, flags, engine or {}, base=recipe.parent if recipe else None)
     try:
         job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format)
         summary = job.run()

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from pagedctl.bench_memory import _rss_bytes, _Sampler
-from pagedctl.bench_recipe import BenchRecipe, Workload
+from pagedctl.bench.memory import _rss_bytes, _Sampler
+from pagedctl.bench.recipe import BenchRecipe, Workload
 
 
 @dataclass
@@ -81,18 +81,10 @@ def _sync(device: torch.device) -> None:
 
 def run_pagedctl(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     """The engine: `LLM(...)` (not timed), a tiny warm-up, then one timed `generate`."""
-    from engine import SamplingParams
-    from engine.llm import LLM
+    from pagedctl.engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(
-        recipe.model,
-        load_format=recipe.load_format,
-        dtype=recipe.dtype,
-        device=recipe.device,
-        seed=recipe.seed,
-        **recipe.engine,
-    )
+    llm = LLM(config=recipe.config)
     warm = SamplingParams(temperature=wl.temperature, max_tokens=4, ignore_eos=True)
     llm.generate([list(range(1, 9))] * 2, warm)
     setup = time.perf_counter() - t0
@@ -108,7 +100,7 @@ def run_pagedctl(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     counts = [len(o.outputs[0].token_ids) if o.ok else None for o in outs]
     sched, kv = llm.scheduler.config, llm.scheduler.kv
     config = {
-        "model": llm.source.name,
+        "model": llm.model_name,
         "weights": "random (dummy)" if llm.source.load_format == "dummy" else "loaded",
         "device": str(llm.device),
         "dtype": str(llm.dtype).removeprefix("torch."),
@@ -139,7 +131,7 @@ def _hf_model(recipe: BenchRecipe, device: torch.device, dtype: torch.dtype, att
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from engine.weights import resolve_model
+    from pagedctl.engine import resolve_model
 
     hf_logging.disable_progress_bar()
     source = resolve_model(recipe.model, recipe.load_format)
@@ -274,7 +266,7 @@ def run_hf_static(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
 
 
 def hf_peer_model(recipe: BenchRecipe, settings: dict):
-    from engine.device import resolve_device, resolve_dtype
+    from pagedctl.engine.device import resolve_device, resolve_dtype
 
     device = resolve_device(recipe.device)
     dtype = resolve_dtype(recipe.dtype, device)

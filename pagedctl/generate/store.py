@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from pagedctl.jobs.records import dumps
+from pagedctl.generate.records import dumps
 
 _now = time.monotonic  # the store's clock; tests replace it
 

@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from pagedctl.generate import GenerateJob
-from pagedctl.recipes import JobSettings
+from pagedctl.generate.job import GenerateJob
+from pagedctl.generate.recipe import JobSettings
 
 
 def _rss_bytes() -> int:

@@ -1,0 +1,88 @@
+"""Command-line options made from `EngineConfig`: one flag per engine setting, never written twice.
+
+`engine_flags` adds the settings' flags to a command (`generate`, `bench`), `axis_flags` adds them
+as comma-separated sweep axes (`sweep`). Flag names are the settings' names with dashes, as vLLM's
+are (`--gpu-memory-utilization`, `--num-gpu-blocks-override`); each alias is a second spelling
+(`--gpu-mem`, `--num-blocks`). A flag left out is None, so a recipe's value stands.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import typer
+
+from pagedctl.engine.config import NAMES, RUNTIME_NAMES, SETTINGS, describe, show_default
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "bytes": str, "choice": str}
+
+
+def flag_names(name: str) -> list[str]:
+    """`--the-name` and `--an-alias` for setting `name`."""
+    return ["--" + n.replace("_", "-") for n in (name, *SETTINGS[name].aliases)]
+
+
+def flag_of(name: str) -> str:
+    """The flag a message names for setting `name`."""
+    return flag_names(name)[0]
+
+
+def _help(name: str) -> str:
+    s = SETTINGS[name]
+    unit = f" ({s.unit})" if s.unit and s.unit != "fraction" else ""
+    return s.help.rstrip(".") + unit + "."
+
+
+def _engine_option(name: str) -> tuple[type, Any]:
+    s = SETTINGS[name]
+    decls = flag_names(name)
+    if s.kind == "bool":
+        decls = [f"{d}/--no-{d[2:]}" for d in decls]
+    info = typer.Option(None, *decls, help=_help(name), show_default=show_default(name))
+    return _TYPES[s.kind] | None, info
+
+
+def _axis_option(name: str) -> tuple[type, Any]:
+    help = f"Axis: {_help(name)} Comma-separated values, each {describe(name)}."
+    return str | None, typer.Option(None, *flag_names(name), help=help, show_default=False)
+
+
+def engine_flags(names: Iterable[str] = NAMES) -> Callable:
+    """Decorator: the command also takes a flag per setting in `names`; they reach it as one
+    keyword, `engine`, a dict of the flags that were given (by setting name)."""
+    return _with_options(list(names), _engine_option, "engine")
+
+
+def axis_flags(names: Iterable[str] = RUNTIME_NAMES) -> Callable:
+    """Decorator: the command takes each setting in `names` as an axis flag (text, comma-
+    separated); they reach it as one keyword, `axes`, a dict of the flags that were given."""
+    return _with_options(list(names), _axis_option, "axes")
+
+
+def _with_options(names: list[str], make: Callable, keyword: str) -> Callable:
+    def decorate(command: Callable) -> Callable:
+        sig = inspect.signature(command, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != keyword]
+        made = {name: make(name) for name in names}
+        extra = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+            for n, (kind, info) in made.items()
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            given = {n: kwargs.pop(n) for n in names if kwargs.get(n) is not None}
+            for n in names:
+                kwargs.pop(n, None)
+            return command(**kwargs, **{keyword: given})
+
+        hints = {p.name: p.annotation for p in own if p.annotation is not p.empty}
+        hints.update({n: kind for n, (kind, _) in made.items()})
+        wrapper.__signature__ = sig.replace(parameters=own + extra)
+        wrapper.__annotations__ = hints
+        return wrapper
+
+    return decorate

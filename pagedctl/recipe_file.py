@@ -1,0 +1,49 @@
+"""Recipe files: YAML found by path or by name among the recipes pagedctl ships.
+
+`--recipe nano-bench` finds `nano-bench.yaml` in the installed recipes; `--recipe ./mine.yaml`
+(anything that names a file) is read as it is.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used as written."""
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """Name -> file of every recipe that comes with pagedctl."""
+    folder = Path(str(files("pagedctl.recipes")))
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def find_recipe(name_or_path: Path | str) -> Path:
+    """The file a `--recipe` value names: an existing path, else a shipped recipe's name."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    shipped = shipped_recipes()
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    if (path.parent == Path(".") or path.parent == Path("recipes")) and stem in shipped:
+        return shipped[stem]
+    raise RecipeError(
+        f"no recipe {str(name_or_path)!r}: not a file, and not one of the shipped recipes "
+        f"({', '.join(shipped)})"
+    )
+
+
+def read_recipe(path: Path) -> dict[str, Any]:
+    """A recipe file's top-level mapping."""
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise RecipeError(f"cannot read recipe {path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of sections")
+    return doc
