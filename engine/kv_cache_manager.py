@@ -198,7 +198,7 @@ class KVCacheManager:
         """Begin `seq`'s hashes with those of the last sequence hashed that has the same first
         block, as far as their tokens agree. A job's requests often share a long prefix (a system
         prompt, a document); hashing it again costs the host ~1 us a block (a round of four
-        prefix hits after 16K cached tokens took 29 ms on the H200 machine, its step 3.6; 15 ms
+        prefix hits after 16K cached tokens took 29 ms on the H200 against a 3.6 ms step; 15 ms
         with this: results/few-graphs-h200.md), comparing the tokens a few percent of that. The
         first block's hash covers the cache salt, so sequences of other salts never match."""
         bs = self.block_size
@@ -238,7 +238,9 @@ class KVCacheManager:
         return self.pool.blocks[block_id].block_hash
 
     def check_integrity(self, seqs: list[Sequence], lookahead: int = 0) -> None:
-        """Assert the DESIGN.md invariants over the pool and the given live sequences.
+        """Assert the pool's invariants (docs/design.md) over the pool and the given live sequences:
+        each sequence holds the blocks its computed tokens need, and every block's ref count is
+        the number of tables that hold it.
 
         `lookahead`: tokens a multi-step decode window has reserved ahead of the computed ones.
         """

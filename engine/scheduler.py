@@ -328,7 +328,7 @@ class Scheduler:
         self._lookahead = 0
 
     def check_invariants(self) -> None:
-        """Assert DESIGN.md's invariants: pool accounting, ref counts, one table per sequence."""
+        """Assert docs/design.md's invariants: pool accounting, ref counts, a table per sequence."""
         self.kv.check_integrity(self.running, self._lookahead)
         assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
         pending = sum(s.num_samples_to_draw - 1 for s in self.running)

@@ -24,8 +24,8 @@ def _cpu_model() -> str:
 
 def _git_commit() -> str | None:
     """The checkout's commit (`-dirty` when code differs from it), or `PAGEDCTL_COMMIT` where the
-    caller sets it: on a machine that got a copy of the working tree whose git metadata lags
-    (the device tool's), the caller knows the commit and git does not."""
+    caller sets it: on a machine that got a copy of the working tree whose git metadata lags,
+    the caller knows the commit and git does not."""
     if os.environ.get("PAGEDCTL_COMMIT"):
         return os.environ["PAGEDCTL_COMMIT"]
     here = Path(__file__).resolve().parent.parent

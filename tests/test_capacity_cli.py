@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from pagedctl.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
-SEED_RECIPE = REPO / "recipes" / "seed-capacity.yaml"
+T4_RECIPE = REPO / "recipes" / "capacity-t4.yaml"
 
 
 def capacity(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -33,8 +33,8 @@ def result(out: Path, name: str) -> dict:
     return json.loads((out / f"capacity-{name}.json").read_text())
 
 
-def test_seed_recipe_reproduces_the_seed(tmp_path: Path) -> None:
-    p = capacity("--recipe", SEED_RECIPE, "--requests", "40000", "--out", tmp_path)
+def test_the_t4_recipe_reproduces_vllms_t4_figures(tmp_path: Path) -> None:
+    p = capacity("--recipe", T4_RECIPE, "--requests", "40000", "--out", tmp_path)
     assert p.returncode == 0, p.stderr
     doc = result(tmp_path, "seed")
     compare = doc["sections"]["compare"]
@@ -49,8 +49,8 @@ def test_seed_recipe_reproduces_the_seed(tmp_path: Path) -> None:
     assert "Reference figures beside ours" in p.stdout
 
 
-def test_seed_block_count_gives_the_seeds_counts_exactly(tmp_path: Path) -> None:
-    args = ["--recipe", SEED_RECIPE, "--num-blocks", "58064", "--no-sim", "--name", "exact"]
+def test_the_t4_block_count_gives_vllms_counts_exactly(tmp_path: Path) -> None:
+    args = ["--recipe", T4_RECIPE, "--num-blocks", "58064", "--no-sim", "--name", "exact"]
     code, out = invoke(*args, "--out", tmp_path)
     assert code == 0, out
     doc = result(tmp_path, "exact")

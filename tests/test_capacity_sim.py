@@ -1,4 +1,4 @@
-"""`pagedctl capacity` section 4: the allocators, the event loop, and the seed's pattern."""
+"""`pagedctl capacity` section 4: the allocators, the event loop, and the T4 refusal pattern."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pagedctl.engine import block_pool
 from pagedctl.capacity import sim
 from pagedctl.capacity.lengths import Lengths, from_distribution
 
-SEED_LENGTHS = from_distribution("lognormal:mean=260,median=180", 2048)
+T4_LENGTHS = from_distribution("lognormal:mean=260,median=180", 2048)
 
 
 def test_paged_allocator_drives_the_engines_block_pool(monkeypatch) -> None:
@@ -109,7 +109,7 @@ def test_exact_fit_matches_a_cell_map(pool: int, ops) -> None:
 
 
 def test_reservation_refusals_follow_erlangs_formula() -> None:
-    stream = sim.make_stream(SEED_LENGTHS, 60_000, seed=1)
+    stream = sim.make_stream(T4_LENGTHS, 60_000, seed=1)
     slots = 58064 * 16 // 2048
     for load in (0.27, 0.32):
         (r,) = sim.simulate(
@@ -137,8 +137,8 @@ def test_time_averages_obey_littles_law() -> None:
     assert r.occupancy == r.utilisation  # exact fit holds exactly what it uses
 
 
-def test_the_seeds_pattern() -> None:
-    stream = sim.make_stream(SEED_LENGTHS, 40_000, seed=0)
+def test_the_t4_pattern_reservations_refuse_first_paged_last() -> None:
+    stream = sim.make_stream(T4_LENGTHS, 40_000, seed=0)
     results = sim.simulate(
         stream, num_blocks=58064, block_size=16, max_len=2048, loads=[0.285, 1.2]
     )

@@ -1,4 +1,4 @@
-"""engine.LLM on a CUDA device (run through the device tool; skipped without CUDA)."""
+"""engine.LLM on a CUDA device (skipped without CUDA)."""
 
 import random
 

@@ -1,4 +1,5 @@
-"""Property-based test: random interleavings of add / step / abort keep DESIGN.md's invariants."""
+"""Property-based test: random interleavings of add / step / abort keep the invariants of
+docs/design.md."""
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st

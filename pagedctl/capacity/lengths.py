@@ -1,9 +1,10 @@
 """Sequence lengths: a named distribution, or the requests of a JSONL job (and what they produced).
 
 Every source reduces to pairs (prompt tokens, output tokens). A distribution's draw is the whole
-sequence, counted as output (a sequence then lives one step per token, as in the seed's
-simulation); a job's prompts are tokenized and its outputs are `max_tokens`, or what an earlier
-`pagedctl generate` run of the same file really produced.
+sequence, counted as output (a sequence then lives one step per token, as in the simulation
+behind the T4 figures that `recipes/capacity-t4.yaml` compares against); a job's prompts are
+tokenized and its outputs are `max_tokens`, or what an earlier `pagedctl generate` run of the same
+file really produced.
 """
 
 from __future__ import annotations

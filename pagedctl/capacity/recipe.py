@@ -1,7 +1,8 @@
 """Capacity recipes: YAML files whose keys are the command's flags (flags override them), plus
-`compare`, reference figures printed beside ours, and `notes`, how to read them.
+`compare`, reference figures printed beside ours (an entry's `seed` is the reference value), and
+`notes`, how to read them.
 
-    name: seed                       # output files results/capacity-seed*
+    name: t4                         # output files results/capacity-t4*
     model: qwen2.5-0.5b-instruct
     device_memory: 14.6GiB
     gpu_mem: [0.85, 0.70]
@@ -102,7 +103,7 @@ def _tolerance(tol: Any) -> tuple[str, float]:
 
 
 def compare_rows(figures: dict[str, float], entries: list[dict]) -> list[dict]:
-    """One row per reference figure: the seed's value, ours, the difference and the verdict."""
+    """One row per reference figure: its value (`seed`), ours, the difference and the verdict."""
     rows = []
     for e in entries:
         seed = float(e["seed"])

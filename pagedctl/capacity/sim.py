@@ -1,9 +1,10 @@
 """Section 4: one arrival stream against three allocators of the same pool.
 
-The model (the seed's): requests arrive as a Poisson stream; a request of `size` tokens (prompt +
-output, cut to max_len) lives `lifetime` steps and holds its memory from admission to departure.
-An allocator that cannot place a request when it arrives refuses it (no queue), so the refusal
-rate is the share of traffic each scheme turns away at that load.
+The model (the one behind the vLLM-on-a-T4 figures that `recipes/capacity-t4.yaml` compares
+against): requests arrive as a Poisson stream; a request of `size` tokens (prompt + output, cut to
+max_len) lives `lifetime` steps and holds its memory from admission to departure. An allocator
+that cannot place a request when it arrives refuses it (no queue), so the refusal rate is the
+share of traffic each scheme turns away at that load.
 
 - reservation: a contiguous `max_len` buffer per request (every buffer is the same size, so the
   pool is `pool // max_len` slots);
@@ -300,8 +301,9 @@ def erlang_b(servers: int, offered: float) -> float:
 
 
 def bench(requests: int, load: float, seed: int = 0) -> dict:
-    """Time one load of the seed's setting (lognormal mean 260 / median 180, 58,064 blocks of 16,
-    max length 2,048) through all three allocators: the figure the 1M-request target is about."""
+    """Time one load of the T4 capacity setting (lognormal mean 260 / median 180, 58,064 blocks
+    of 16, max length 2,048) through all three allocators: the figure the 1M-request target is
+    about."""
     import os
 
     from pagedctl.capacity.lengths import from_distribution
