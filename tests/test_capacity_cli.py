@@ -36,14 +36,14 @@ def result(out: Path, name: str) -> dict:
 def test_the_t4_recipe_reproduces_vllms_t4_figures(tmp_path: Path) -> None:
     p = capacity("--recipe", T4_RECIPE, "--requests", "40000", "--out", tmp_path)
     assert p.returncode == 0, p.stderr
-    doc = result(tmp_path, "seed")
+    doc = result(tmp_path, "t4")
     compare = doc["sections"]["compare"]
     assert len(compare) >= 25
     bad = [(r["label"], r["seed"], r["ours"]) for r in compare if r["ok"] != "yes"]
     assert not bad, bad
     for suffix in ("pool", "lengths", "blocks", "sim", "compare"):
-        assert (tmp_path / f"capacity-seed-{suffix}.csv").read_text().count("\n") > 1
-    md = (tmp_path / "capacity-seed.md").read_text()
+        assert (tmp_path / f"capacity-t4-{suffix}.csv").read_text().count("\n") > 1
+    md = (tmp_path / "capacity-t4.md").read_text()
     assert "## Reference figures beside ours" in md and "Interpretation:" in md
     assert doc["environment"]["pagedctl"] and doc["command"].startswith("pagedctl capacity")
     assert "Reference figures beside ours" in p.stdout
