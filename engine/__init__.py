@@ -6,8 +6,10 @@ Its public surface is what this module exports; the allocator classes are part o
 
 from pagedctl.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from pagedctl.engine.config import (
+    CacheConfig,
     ConfigError,
     EngineConfig,
+    SchedulerConfig,
     Setting,
 )
 from pagedctl.engine.kv_cache_manager import KVCacheManager, PrefixCacheStats
@@ -22,6 +24,7 @@ from pagedctl.engine.weights import ModelNotFoundError, UnsupportedModelError
 __all__ = [
     "LLM",
     "BlockPool",
+    "CacheConfig",
     "CompletionOutput",
     "ConfigError",
     "EngineConfig",
@@ -33,6 +36,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "Scheduler",
+    "SchedulerConfig",
     "SchedulerOutput",
     "SchedulerStats",
     "Sequence",

@@ -10,6 +10,7 @@ the engine builds from it once the device is known.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -227,6 +228,8 @@ def coerce(name: str, value: Any, where: str = "engine") -> Any:
         value = _BOOL_WORDS[value.lower()]
     if s.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if s.kind == "str" and isinstance(value, os.PathLike):
+        value = os.fspath(value)
     try:
         check_value(name, value)
     except ConfigError as e:

@@ -23,8 +23,8 @@ def resolve_model(model: str, load_format: str = "auto") -> ModelSource:
 
     Tried in order: an existing folder with config.json; a `.gguf` file (converted once into
     the cache); a `.json` config file (dummy); a preset name from `preset_dirs()` (dummy); a
-    Hugging Face id in the local cache. `load_format="dummy"` keeps the config (and tokenizer) of any of these and drops the
-    weights.
+    Hugging Face id in the local cache. `load_format="dummy"` keeps the config (and tokenizer)
+    of any of these and drops the weights.
 
     Raises:
         ModelNotFoundError: nothing matched; the message names everything that was tried.

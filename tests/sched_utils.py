@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pagedctl.engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedctl.engine import SamplingParams, Scheduler, Sequence
+from pagedctl.engine.config import CacheConfig, SchedulerConfig
 from pagedctl.engine.scheduler import SchedulerOutput
 
 EOS = 2

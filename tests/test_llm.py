@@ -7,6 +7,7 @@ import pytest
 from pagedctl.engine import SamplingParams
 from pagedctl.engine.llm import LLM
 
+from pagedctl import bundled_model
 from tests.tiny_models import hf_greedy, save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -132,7 +133,7 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return LLM(device="cpu", dtype="float32", block_size=16)
+    return LLM(bundled_model(), device="cpu", dtype="float32", block_size=16)
 
 
 def test_bundled_model_matches_transformers_on_chat_prompts(smol):

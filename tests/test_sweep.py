@@ -60,7 +60,7 @@ def test_cpu_grid_on_the_bundled_model_through_the_cli(tmp_path):
     )
     for p in points:
         (run,) = p["runs"]
-        bs, blocks = p["engine"]["block_size"], p["engine"]["num_blocks"]
+        bs, blocks = p["engine"]["block_size"], p["engine"]["num_gpu_blocks_override"]
         assert p["status"] == "ok" and p["memory"]["num_blocks"] == blocks
         assert run["finished"] == len(wl.prompts) and run["failed"] == 0
         assert run["prompt_tokens"] == wl.prompt_tokens
@@ -108,7 +108,7 @@ def test_a_failing_point_is_a_row_and_every_failure_exits_1(tmp_path):
     "args, message",
     [
         (["--block-size", "16,x"], "block_size must be an integer"),
-        (["--gpu-mem", "0.5,1.5"], "gpu_mem is a fraction"),
+        (["--gpu-mem", "0.5,1.5"], "gpu_memory_utilization must be a number in (0, 1]"),
         (["--axis", "colour=1,2"], "unknown axis 'colour'"),
         (["--recipe", "recipes/sweep-cpu.yaml", "--experiment", "nope"], "no experiment"),
         (["--model", "no-such-model", "--device", "cpu"], "cannot start the engine"),
@@ -198,13 +198,13 @@ def test_seed_recipes_load_and_scale_keeps_the_oversubscription():
         starved = next(p for p in points if p.label == "starved")
         w = starved.workload
         demand = w["num_requests"] * (w["prompt_len"] + w["output_len"])
-        return demand / (starved.engine["num_blocks"] * starved.engine["block_size"])
+        return demand / (starved.engine["num_gpu_blocks_override"] * starved.engine["block_size"])
 
     before = oversubscription(recipe.experiments[0].points)
     assert before == pytest.approx(200 * 1009 / 77312)
     sw.scale_recipe(recipe, 0.05)
     starved = recipe.experiments[0].points[0]
-    assert starved.engine["num_blocks"] == 242 and starved.workload["output_len"] == 50
+    assert starved.engine["num_gpu_blocks_override"] == 242 and starved.workload["output_len"] == 50
     assert starved.workload["num_requests"] == 200
     assert oversubscription(recipe.experiments[0].points) == pytest.approx(before, rel=0.05)
 

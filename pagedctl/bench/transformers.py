@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from pagedctl.bench.peers import left_pad
-from pagedctl.engine import SamplingParams
-from pagedctl.engine.llm import LLM
+from pagedctl.engine import LLM, SamplingParams
+from pagedctl.models.bundled import engine_settings
 
 
 def load_chat_requests(path: Path) -> list[dict]:
@@ -80,7 +80,8 @@ def run(
     from transformers import AutoModelForCausalLM
 
     requests = load_chat_requests(prompts_path)
-    llm = LLM(model, device=device, max_num_seqs=max_num_seqs, dtype=dtype)
+    engine = engine_settings({"model": model} if model else {})
+    llm = LLM(**engine, device=device, max_num_seqs=max_num_seqs, dtype=dtype)
     tok = llm.tokenizer
     prompts = [
         tok(

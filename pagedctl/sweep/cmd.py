@@ -13,7 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pagedctl.recipe_file import RecipeError
+from pagedctl.options import axis_flags, engine_flags, flag_of
+from pagedctl.recipe_file import RecipeError, find_recipe
 from pagedctl.sweep.recipe import (
     SweepRecipe,
     add_axes,
@@ -23,7 +24,14 @@ from pagedctl.sweep.recipe import (
 )
 from pagedctl.sweep.report import rich_comparisons, rich_table, to_doc, write_outputs
 from pagedctl.sweep.run import PointResult, SweepError, engine_info, load_engine, run_sweep
-from pagedctl.sweep.settings import check_value, check_warmup, merge_workload, parse_axes
+from pagedctl.sweep.settings import (
+    ENGINE_KEYS,
+    LOAD_KEYS,
+    check_value,
+    check_warmup,
+    merge_workload,
+    parse_axes,
+)
 
 console = Console()
 PLOT_HINT = "--plot needs matplotlib: pip install 'pagedctl[plot]' (or pip install matplotlib)"
@@ -80,48 +88,21 @@ def _length_flag(flag: str, text: str | None) -> Any:
     return value
 
 
+@axis_flags(ENGINE_KEYS)
+@engine_flags(LOAD_KEYS)
 def sweep(
-    recipe: Path | None = typer.Option(
-        None, "--recipe", help="Sweep recipe (YAML), e.g. recipes/seed-block-size.yaml."
+    recipe: str | None = typer.Option(
+        None,
+        "--recipe",
+        help="Sweep recipe: a shipped one's name (block-size, oversubscribed, shared-prefix, "
+        "sweep-cpu) or a YAML file.",
     ),
     input: Path | None = typer.Option(
         None, "--input", help="Workload from a JSONL file (the formats of `generate`)."
     ),
-    block_size: str | None = typer.Option(
-        None, "--block-size", help="Axis: KV block sizes in tokens, e.g. 16,32,64."
-    ),
-    gpu_mem: str | None = typer.Option(
-        None, "--gpu-mem", help="Axis (CUDA): fractions of total device memory, e.g. 0.5,0.9."
-    ),
-    num_blocks: str | None = typer.Option(
-        None, "--num-blocks", help="Axis: exact KV pool sizes in blocks (preemption studies)."
-    ),
-    max_num_seqs: str | None = typer.Option(
-        None, "--max-num-seqs", help="Axis: most sequences running at once."
-    ),
-    max_num_batched_tokens: str | None = typer.Option(
-        None, "--max-num-batched-tokens", help="Axis: token budget of one step."
-    ),
-    prefix_caching: str | None = typer.Option(
-        None, "--prefix-caching", help="Axis: prefix cache on,off."
-    ),
-    kv_cache_memory: str | None = typer.Option(
-        None, "--kv-cache-memory", help="Axis: KV cache sizes, e.g. 1GiB,2GiB."
-    ),
     axis: list[str] | None = typer.Option(
         None, "--axis", help="Any other axis, KEY=V1,V2: an engine setting or a workload key."
     ),
-    model: str | None = typer.Option(
-        None, "--model", help="Model (default: recipe's, else bundled SmolLM2-135M-Instruct)."
-    ),
-    load_format: str | None = typer.Option(
-        None, help="auto or dummy (random weights) (default: auto)."
-    ),
-    dtype: str | None = typer.Option(
-        None, help="auto, float32, float16 or bfloat16 (default: auto)."
-    ),
-    device: str | None = typer.Option(None, help="auto, cpu or cuda[:N] (default: auto)."),
-    max_model_len: int | None = typer.Option(None, min=1, help="Longest sequence in tokens."),
     num_requests: int | None = typer.Option(
         None, min=1, help="Synthetic workload: requests (default: 64)."
     ),
@@ -150,8 +131,8 @@ def sweep(
     scale: float = typer.Option(
         1.0,
         min=0.0001,
-        help="Scale token counts (lengths, pools) by this factor: --scale 0.05 runs a seed "
-        "recipe on a CPU; figures are then not the seed's.",
+        help="Scale token counts (lengths, pools) by this factor: --scale 0.05 runs a GPU "
+        "recipe on a CPU; its reference figures then no longer apply.",
     ),
     experiment: list[str] | None = typer.Option(
         None, "--experiment", help="Run only this experiment of the recipe (repeatable)."
@@ -162,6 +143,8 @@ def sweep(
     ),
     plot: bool = typer.Option(False, "--plot", help="Also write PNG plots (needs matplotlib)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final tables."),
+    engine: dict[str, Any] | None = None,
+    axes: dict[str, str] | None = None,
 ) -> None:
     """Run one workload under every combination of engine settings; tables and files out.
 
@@ -178,16 +161,8 @@ def sweep(
             import matplotlib  # noqa: F401
         except ImportError:
             raise typer.BadParameter(PLOT_HINT) from None
-    axes = (
-        _axis("--block-size", "block_size", block_size)
-        + _axis("--gpu-mem", "gpu_mem", gpu_mem)
-        + _axis("--num-blocks", "num_blocks", num_blocks)
-        + _axis("--max-num-seqs", "max_num_seqs", max_num_seqs)
-        + _axis("--max-num-batched-tokens", "max_num_batched_tokens", max_num_batched_tokens)
-        + _axis("--prefix-caching", "prefix_caching", prefix_caching)
-        + _axis("--kv-cache-memory", "kv_cache_memory", kv_cache_memory)
-        + _generic_axes(axis)
-    )
+    grid = [a for key, text in (axes or {}).items() for a in _axis(flag_of(key), key, text)]
+    grid += _generic_axes(axis)
     workload: dict[str, Any] = {}
     if input is not None:
         workload = {"kind": "file", "input": str(input)}
@@ -207,18 +182,10 @@ def sweep(
             warmup = check_warmup("--warmup", warmup)
         except RecipeError as e:
             raise typer.BadParameter(str(e)) from None
-    top = {
-        "model": model,
-        "load_format": load_format,
-        "dtype": dtype,
-        "device": device,
-        "repeats": repeats,
-        "warmup": warmup,
-    }
-    top = {k: v for k, v in top.items() if v is not None}
-    engine = {} if max_model_len is None else {"max_model_len": max_model_len}
+    top = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
     try:
-        spec = _recipe(recipe, axes, {**workload, **synthetic}, engine, top, experiment)
+        path = find_recipe(recipe) if recipe else None
+        spec = _recipe(path, grid, {**workload, **synthetic}, engine or {}, top, experiment)
         scale_recipe(spec, scale)
     except RecipeError as e:
         raise typer.BadParameter(str(e)) from None
@@ -231,14 +198,14 @@ def _recipe(
     path: Path | None,
     axes: list,
     workload: dict[str, Any],
-    engine: dict[str, Any],
+    load: dict[str, Any],
     top: dict[str, Any],
     only: list[str] | None,
 ) -> SweepRecipe:
     if path is None:
         if only:
             raise RecipeError("--experiment needs --recipe")
-        return grid_recipe(axes, workload, engine, name="sweep", **top)
+        return grid_recipe(axes, workload, {}, load, **top)
     spec = load_sweep_recipe(path)
     if only:
         known = [e.name for e in spec.experiments]
@@ -248,13 +215,10 @@ def _recipe(
         spec.experiments = [e for e in spec.experiments if e.name in only]
     for key, value in top.items():
         setattr(spec, key, value)
+    spec.load = {**spec.load, **load}
     for exp in spec.experiments:
         exp.points = [
-            dataclasses.replace(
-                p,
-                engine={**p.engine, **engine},
-                workload=merge_workload(p.workload, workload),
-            )
+            dataclasses.replace(p, workload=merge_workload(p.workload, workload))
             for p in exp.points
         ]
     add_axes(spec, axes)

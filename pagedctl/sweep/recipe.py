@@ -21,6 +21,7 @@ from pagedctl.sweep.metrics import DEFAULT_COLUMNS, METRICS
 from pagedctl.sweep.settings import (
     DEFAULT_WORKLOAD,
     LENGTH_KEYS,
+    LOAD_KEYS,
     POOL_KEYS,
     SHORT,
     check_engine,
@@ -36,8 +37,8 @@ from pagedctl.sweep.settings import (
 
 # fmt: off
 MODES = ("batch", "sequential")
-TOP_KEYS = ("name", "description", "model", "load_format", "dtype", "device", "seed", "repeats",
-            "warmup", "engine", "workload", "experiments")
+TOP_KEYS = ("name", "description", "repeats", "warmup", "engine", "workload", "experiments",
+            *LOAD_KEYS)
 EXPERIMENT_KEYS = ("name", "title", "note", "why", "mode", "engine", "workload", "axes", "points",
                    "columns", "primary", "compare")
 POINT_KEYS = ("label", "engine", "workload", "seed")
@@ -98,11 +99,7 @@ class SweepRecipe:
     name: str
     experiments: list[Experiment]
     description: str = ""
-    model: str | None = None
-    load_format: str = "auto"
-    dtype: str = "auto"
-    device: str = "auto"
-    seed: int = 0
+    load: dict[str, Any] = field(default_factory=dict)  # settings that need the model loaded anew
     repeats: int = 3
     warmup: str = "short"  # see WARMUPS and `run_point`
     scale: float = 1.0
@@ -133,11 +130,7 @@ def load_sweep_recipe(path: Path) -> SweepRecipe:
         name=str(doc.get("name") or path.stem),
         experiments=experiments,
         description=str(doc.get("description") or ""),
-        model=doc.get("model"),
-        load_format=str(doc.get("load_format", "auto")),
-        dtype=str(doc.get("dtype", "auto")),
-        device=str(doc.get("device", "auto")),
-        seed=check_value(where, "seed", doc.get("seed", 0)),
+        load={k: check_value(where, k, doc[k]) for k in LOAD_KEYS if doc.get(k) is not None},
         repeats=doc.get("repeats", 3),
         warmup=check_warmup(where, doc.get("warmup", "short")),
     )
@@ -264,13 +257,15 @@ def grid_recipe(
     axes: list[tuple[str, str, list[Any]]],
     workload: dict[str, Any],
     engine: dict[str, Any],
+    load: dict[str, Any],
+    name: str = "sweep",
     **top: Any,
 ) -> SweepRecipe:
     """The one-experiment recipe of `pagedctl sweep --block-size 16,32 ...` without --recipe."""
     point = Point("", dict(engine), merge_workload(DEFAULT_WORKLOAD, workload))
     points = expand_axes([point], axes)
     title = " x ".join(SHORT.get(key, key) for _, key, _ in axes) or "one point"
-    return SweepRecipe(experiments=[Experiment("grid", title, points)], **top)
+    return SweepRecipe(name, [Experiment("grid", title, points)], load=load, **top)
 
 
 def add_axes(recipe: SweepRecipe, axes: list[tuple[str, str, list[Any]]]) -> None:
@@ -299,7 +294,9 @@ def scale_recipe(recipe: SweepRecipe, factor: float) -> None:
             for key in POOL_KEYS:
                 if engine.get(key) is not None:
                     value = engine[key]
-                    engine[key] = scaled(parse_bytes(value) if key == "kv_cache_memory" else value)
+                    engine[key] = scaled(
+                        parse_bytes(value) if key == "kv_cache_memory_bytes" else value
+                    )
             for key in LENGTH_KEYS:
                 if workload.get(key) is not None:
                     workload[key] = scaled(workload[key], 0 if key == "suffix_len" else 1)

@@ -8,13 +8,13 @@ The model is loaded once. For each point the KV pool, scheduler and runner are r
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedctl.engine.config import DEFAULTS
 from pagedctl.recipe_file import RecipeError
 from pagedctl.sweep.measure import run_once
 from pagedctl.sweep.metrics import METRICS
@@ -106,28 +106,17 @@ class SweepError(Exception):
 
 def engine_defaults() -> dict[str, Any]:
     """The engine's own default for every setting a point may change."""
-    from pagedctl.engine.llm import LLM
-
-    params = inspect.signature(LLM.__init__).parameters
-    return {k: params[k].default for k in ENGINE_KEYS}
+    return {k: DEFAULTS[k] for k in ENGINE_KEYS}
 
 
 def load_engine(recipe: SweepRecipe):
     """Load the model once, on a one-block pool that the first point replaces."""
-    from pagedctl.engine.llm import LLM
-    from pagedctl.engine.weights import ModelNotFoundError, UnsupportedModelError
+    from pagedctl.engine import LLM
+    from pagedctl.models.bundled import engine_settings
 
     try:
-        return LLM(
-            recipe.model,
-            load_format=recipe.load_format,
-            dtype=recipe.dtype,
-            device=recipe.device,
-            seed=recipe.seed,
-            num_blocks=1,
-            cuda_graphs=False,
-        )
-    except (ModelNotFoundError, UnsupportedModelError, ValueError) as e:
+        return LLM(**engine_settings(recipe.load), num_gpu_blocks_override=1, cuda_graphs=False)
+    except ValueError as e:  # ModelNotFoundError, UnsupportedModelError, ConfigError
         raise SweepError(f"cannot start the engine: {e}") from None
 
 

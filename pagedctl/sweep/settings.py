@@ -9,17 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pagedctl.engine.config import ALIASES as CONFIG_ALIASES
+from pagedctl.engine.config import NAMES, RUNTIME_NAMES, SETTINGS, ConfigError, coerce, short_name
 from pagedctl.recipe_file import RecipeError
 
 # fmt: off
-ENGINE_KEYS = ("block_size", "num_blocks", "kv_cache_memory", "gpu_memory_utilization",
-               "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
-               "cuda_graphs", "num_scheduler_steps")
-ALIASES = {"gpu_mem": "gpu_memory_utilization", "prefix_caching": "enable_prefix_caching"}
-SHORT = {v: k for k, v in ALIASES.items()}  # names shown in labels and tables
-_INT_KEYS = {"block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-             "num_scheduler_steps"}
-_BOOL_KEYS = {"enable_prefix_caching", "cuda_graphs", "prime", "ignore_eos"}
+ENGINE_KEYS = RUNTIME_NAMES  # what a point or an axis may set: every setting but the model's
+LOAD_KEYS = tuple(n for n in NAMES if SETTINGS[n].load)  # the recipe's own: one model per sweep
+ALIASES = CONFIG_ALIASES
+SHORT = {n: short_name(n) for n in NAMES if short_name(n) != n}  # names shown in labels and tables
 WORKLOAD_KINDS: dict[str, tuple[str, ...]] = {
     "random": ("num_requests", "prompt_len", "output_len", "token_ids", "seed", "temperature", "n"),
     "shared_prefix": ("num_requests", "prefix_len", "suffix_len", "output_len", "token_ids", "seed",
@@ -28,7 +26,7 @@ WORKLOAD_KINDS: dict[str, tuple[str, ...]] = {
 }
 WORKLOAD_KEYS = tuple(dict.fromkeys(k for keys in WORKLOAD_KINDS.values() for k in keys))
 LENGTH_KEYS = ("prompt_len", "output_len", "prefix_len", "suffix_len")  # scaled by --scale
-POOL_KEYS = ("num_blocks", "max_model_len", "kv_cache_memory")  # scaled by --scale too
+POOL_KEYS = ("num_gpu_blocks_override", "max_model_len", "kv_cache_memory_bytes")  # scaled too
 WARMUPS = ("short", "full", "off")
 DEFAULT_WORKLOAD = {"kind": "random", "num_requests": 64, "prompt_len": [64, 256],
                     "output_len": [64, 256]}
@@ -54,7 +52,9 @@ def check_keys(where: str, doc: Any, known: tuple[str, ...]) -> dict:
 
 def check_engine(where: str, doc: Any) -> dict[str, Any]:
     """Engine settings with aliases resolved and each value's type checked."""
-    doc = check_keys(where, doc, ENGINE_KEYS + tuple(ALIASES))
+    doc = check_keys(
+        where, doc, ENGINE_KEYS + tuple(a for a in ALIASES if ALIASES[a] in ENGINE_KEYS)
+    )
     out = {}
     for key, value in doc.items():
         key = ALIASES.get(key, key)
@@ -66,30 +66,26 @@ def check_value(where: str, key: str, value: Any) -> Any:
     """One engine or workload value, type-checked; None means 'the engine's default'."""
     if value is None:
         return None
-    if key in _BOOL_KEYS:
+    if key in SETTINGS:
+        try:
+            return coerce(key, value, where)
+        except ConfigError as e:
+            raise RecipeError(str(e)) from None
+    if key in ("prime", "ignore_eos"):
         if isinstance(value, str) and value.lower() in ("on", "off", "true", "false"):
             return value.lower() in ("on", "true")
         if not isinstance(value, bool):
             raise fail(where, f"{key} must be on/off (true/false), got {value!r}")
-    elif key in _INT_KEYS or key in ("num_requests", "n", "seed", "max_tokens"):
+    elif key in ("num_requests", "n", "seed", "max_tokens"):
         low = 0 if key == "seed" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise fail(where, f"{key} must be an integer >= {low}, got {value!r}")
-    elif key in ("gpu_memory_utilization", "temperature"):
+    elif key == "temperature":
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise fail(where, f"{key} must be a number >= 0, got {value!r}")
         value = float(value)
-        if key == "gpu_memory_utilization" and not 0 < value <= 1:
-            raise fail(where, f"gpu_mem is a fraction of the device's memory in (0, 1]: {value}")
     elif key in LENGTH_KEYS or key == "token_ids":
         parse_length(where, key, value)
-    elif key == "kv_cache_memory":
-        from pagedctl.engine.kv_sizing import parse_bytes
-
-        try:
-            parse_bytes(value)
-        except (ValueError, TypeError) as e:
-            raise fail(where, f"kv_cache_memory: {e}") from None
     return value
 
 
