@@ -1,4 +1,4 @@
-"""`pagedctl bench --recipe`: recipes, the W1 workload, row checks, and the real CLI on the CPU."""
+"""`pagedctl bench --recipe`: recipes, the nano-bench workload, row checks, and the real CLI on the CPU."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 # ------------------------------------------------------------------------- recipes, workload
 
 
-def test_nano_bench_recipes_are_w1():
+def test_nano_bench_recipes_draw_the_throughput_workload():
     for name, model in (
         ("nano-bench", "qwen2.5-0.5b-instruct"),
         ("nano-bench-qwen3", "qwen3-0.6b"),
@@ -65,7 +65,7 @@ def test_nano_bench_recipes_are_w1():
     assert cpu.model is None and cpu.device == "cpu" and cpu.workload.num_requests == 8
 
 
-def test_w1_workload_is_deterministic_and_in_range():
+def test_nano_bench_workload_is_deterministic_and_in_range():
     spec = load_bench_recipe(RECIPES / "nano-bench.yaml").workload
     wl = make_workload(spec)
     assert len(wl.prompts) == len(wl.max_tokens) == 256
@@ -86,8 +86,9 @@ def test_w1_workload_is_deterministic_and_in_range():
     ("text", "message"),
     [
         ("model: x\nenigne: {}\n", "unknown recipe keys ['enigne']"),
-        ("engine: {block_sise: 16}\n", "unknown engine keys ['block_sise']"),
-        ("engine: {dtype: float32}\n", "unknown engine keys ['dtype']"),
+        ("engine: {block_sise: 16}\n", "unknown engine setting 'block_sise'"),
+        ("engine: {block_size: sixteen}\n", "block_size must be an integer >= 1, got 'sixteen'"),
+        ("dtype: float64\n", "dtype must be one of auto, float32, float16, bfloat16"),
         ("workload: {prompt_len: [10, 5]}\n", "prompt_len must be [low, high]"),
         ("workload: {output_len: [0, 5]}\n", "output_len must be an integer >= 1"),
         ("workload: {token_ids: [7, 7]}\n", "token_ids must be [low, high]"),
@@ -206,7 +207,9 @@ def test_unknown_model_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU recipe; CUDA machines run W1")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the CPU recipe; CUDA machines run nano-bench"
+)
 def test_cpu_recipe_through_the_cli(tmp_path):
     out = tmp_path / "res.json"
     # One thread per process: four models in a row stay fast even on a busy 2-core machine,

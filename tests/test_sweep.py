@@ -1,5 +1,5 @@
 """`pagedctl sweep`: the CPU grid through the real CLI, failing points, bad input, the recipe
-format, and the seed recipes run at reduced scale on a tiny random-weight model."""
+format, and the GPU recipes run at reduced scale on a tiny random-weight model."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_recipe_points_grid_inheritance_and_typos(tmp_path):
                 "engine": {"prefix_caching": "off"},
                 "axes": {"gpu_mem": [0.5, 0.9], "output_len": [3]},
                 "points": [
-                    {"label": "a", "seed": {"wall_s": 1.5}},
+                    {"label": "a", "reference": {"wall_s": 1.5}},
                     {
                         "label": "b",
                         "engine": {"block_size": 32},
@@ -167,7 +167,7 @@ def test_recipe_points_grid_inheritance_and_typos(tmp_path):
     a, b = points[0], points[2]
     assert a.engine == {"block_size": 16, "max_num_seqs": 4, "enable_prefix_caching": False,
                         "gpu_memory_utilization": 0.5}  # fmt: skip
-    assert b.engine["block_size"] == 32 and a.seed == {"wall_s": 1.5} and b.seed == {}
+    assert b.engine["block_size"] == 32 and a.reference == {"wall_s": 1.5} and b.reference == {}
     assert a.workload == {"kind": "random", "num_requests": 2, "prompt_len": [4, 8],
                           "output_len": 3}  # fmt: skip
     # A point of another kind does not inherit the random workload's keys.
@@ -189,10 +189,10 @@ def test_recipe_points_grid_inheritance_and_typos(tmp_path):
 
 
 def test_seed_recipes_load_and_scale_keeps_the_oversubscription():
-    for name in ("seed-oversubscribed", "seed-shared-prefix", "seed-block-size", "sweep-cpu"):
+    for name in ("oversubscribed", "shared-prefix", "block-size", "sweep-cpu"):
         recipe = sw.load_sweep_recipe(RECIPES / f"{name}.yaml")
         assert all(e.points for e in recipe.experiments)
-    recipe = sw.load_sweep_recipe(RECIPES / "seed-oversubscribed.yaml")
+    recipe = sw.load_sweep_recipe(RECIPES / "oversubscribed.yaml")
 
     def oversubscription(points: list[sw.Point]) -> float:
         starved = next(p for p in points if p.label == "starved")
@@ -224,7 +224,7 @@ def run_scaled(llm, name: str, scale: float, only: str | None = None) -> sw.Swee
 
 
 def test_w2_scaled_preempts_finishes_all_and_counts_resumed_lookups(tiny_llm):
-    (exp,) = run_scaled(tiny_llm, "seed-oversubscribed", 0.02).experiments
+    (exp,) = run_scaled(tiny_llm, "oversubscribed", 0.02).experiments
     by = exp.by_label()
     starved, free, cached = (by[k].runs[0] for k in
                              ("starved", "unconstrained", "starved, prefix cache on"))  # fmt: skip
@@ -240,11 +240,11 @@ def test_w2_scaled_preempts_finishes_all_and_counts_resumed_lookups(tiny_llm):
     assert rows["every request finished on the starved pool"]["holds"] is True
     kept = rows["throughput kept on the starved pool"]
     assert kept["value"] == pytest.approx(starved["output_tok_s"] / free["output_tok_s"])
-    assert kept["seed"] == pytest.approx(0.761)
+    assert kept["reference"] == pytest.approx(0.761)
 
 
 def test_w3_scaled_fork_computes_the_prompt_once_and_warm_prefixes_hit(tiny_llm):
-    result = run_scaled(tiny_llm, "seed-shared-prefix", 0.1)
+    result = run_scaled(tiny_llm, "shared-prefix", 0.1)
     shared, warm_cold, sampling = (e.by_label() for e in result.experiments)
     n8, separate = sampling["n=8, 16 tokens"].runs[0], sampling["8 separate, 16 tokens"].runs[0]
     assert separate["prefill_tokens"] == 8 * n8["prefill_tokens"] == 8 * 145

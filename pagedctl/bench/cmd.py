@@ -162,7 +162,7 @@ def bench_scheduler(
 @bench_app.command("transformers")
 def bench_transformers(
     prompts: Path = typer.Option(
-        Path("recipes/data/w6_chat.jsonl"), help="JSONL of {custom_id, messages, max_tokens}."
+        Path("recipes/data/chat-cpu.jsonl"), help="JSONL of {custom_id, messages, max_tokens}."
     ),
     model: str | None = typer.Option(None, help="Model (default: the bundled SmolLM2-135M)."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
@@ -205,7 +205,7 @@ def bench_transformers(
             + (f"--hf-batch-size {hf_batch_size}" + (f" --model {model}" if model else ""))
         )
         doc = {
-            "benchmark": "engine vs transformers generate (W6)",
+            "benchmark": "engine vs transformers generate (the cron job's chat prompts)",
             "command": cmd,
             "environment": environment(),
             **result,

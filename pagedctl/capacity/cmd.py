@@ -13,6 +13,7 @@ from pagedctl.capacity import sim
 from pagedctl.capacity.inputs import fail
 from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
 from pagedctl.capacity.run import CapacityRun
+from pagedctl.recipe_file import RecipeError, find_recipe
 
 DEFAULTS: dict[str, Any] = {
     "gpu_mem": [0.9],
@@ -27,7 +28,9 @@ DEFAULTS: dict[str, Any] = {
 
 
 def capacity(
-    recipe: Path | None = typer.Option(None, "--recipe", help="Capacity recipe (YAML)."),
+    recipe: str | None = typer.Option(
+        None, "--recipe", help="Capacity recipe: a shipped one's name (capacity-t4) or a YAML file."
+    ),
     model: str | None = typer.Option(
         None, "--model", help="Model folder, config .json, preset or cached HF id."
     ),
@@ -38,7 +41,11 @@ def capacity(
         None, "--gpu", help="Card preset: t4, l4, a10g, a100-40g, a100-80g, h100, h200."
     ),
     gpu_mem: str | None = typer.Option(
-        None, "--gpu-mem", help="Fraction(s) of total device memory the engine may use [0.9]."
+        None,
+        "--gpu-memory-utilization",
+        "--gpu-mem",
+        help="Fraction(s) of total device memory the engine may use, e.g. 0.7,0.9.",
+        show_default="0.9",
     ),
     non_kv_memory: str | None = typer.Option(
         None,
@@ -46,16 +53,25 @@ def capacity(
         help="Memory that is not KV cache (default: weights + activation estimate).",
     ),
     num_blocks: int | None = typer.Option(
-        None, "--num-blocks", min=1, help="KV blocks in the pool (overrides the budget)."
+        None,
+        "--num-gpu-blocks-override",
+        "--num-blocks",
+        min=1,
+        help="KV blocks in the pool (overrides the budget).",
     ),
     dtype: str | None = typer.Option(
         None, help="auto, float16, bfloat16 or float32 (default: auto)."
     ),
     block_size: str | None = typer.Option(
-        None, "--block-size", help="KV block size(s) in tokens, e.g. 16,32,64 [16]."
+        None, "--block-size", help="KV block size(s) in tokens, e.g. 16,32,64.", show_default="16"
     ),
     max_len: int | None = typer.Option(
-        None, "--max-len", min=1, help="Longest sequence, prompt + output (default: the model's)."
+        None,
+        "--max-len",
+        "--max-model-len",
+        min=1,
+        help="Longest sequence, prompt + output.",
+        show_default="the model's",
     ),
     lengths: Path | None = typer.Option(
         None, "--lengths", help="JSONL job whose requests give the lengths."
@@ -67,22 +83,32 @@ def capacity(
         None, "--dist", help="Length distribution, e.g. lognormal:mean=260,median=180."
     ),
     shared_prefix: int | None = typer.Option(
-        None, "--shared-prefix", min=0, help="Tokens every sequence shares (paged only) [0]."
+        None,
+        "--shared-prefix",
+        min=0,
+        help="Tokens every sequence shares (paged only).",
+        show_default="0",
     ),
     loads: str | None = typer.Option(
-        None, help="Simulated loads: offered token-time / pool [0.25,0.5,0.75,1,1.25]."
+        None,
+        help="Simulated loads: offered token-time / pool.",
+        show_default="0.25,0.5,0.75,1,1.25",
     ),
     requests: int | None = typer.Option(
-        None, "--requests", min=100, help="Simulated requests per load [100000]."
+        None, "--requests", min=100, help="Simulated requests per load.", show_default="100000"
     ),
-    seed: int | None = typer.Option(None, help="Seed of the simulated stream [0]."),
+    seed: int | None = typer.Option(None, help="Seed of the simulated stream.", show_default="0"),
     cuda_context: str | None = typer.Option(
-        None, "--cuda-context", help="CUDA context, for whole-card reservations [256MiB]."
+        None,
+        "--cuda-context",
+        help="CUDA context, for whole-card reservations.",
+        show_default="256MiB",
     ),
     cuda_graphs: bool | None = typer.Option(
         None,
         "--cuda-graphs/--no-cuda-graphs",
-        help="Count the pool the engine's step graphs keep (its default on CUDA) [on].",
+        help="Count the pool the engine's step graphs keep (its default on CUDA).",
+        show_default="on",
     ),
     no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulation."),
     probe: bool = typer.Option(False, "--probe", help="Measure on this machine's GPU."),
@@ -116,8 +142,8 @@ def capacity(
         if not torch.cuda.is_available():
             fail("--probe needs a CUDA device; this machine has none", code=1)
     try:
-        doc = load_capacity_recipe(recipe) if recipe else {}
-    except CapacityRecipeError as e:
+        doc = load_capacity_recipe(find_recipe(recipe)) if recipe else {}
+    except (CapacityRecipeError, RecipeError) as e:
         fail(str(e))
     s = {**DEFAULTS, **doc, **{k: v for k, v in flags.items() if v is not None}}
     run = CapacityRun(s, command)
@@ -158,7 +184,7 @@ def bench_capacity_sim(
     load: float = typer.Option(1.0, min=0.01, help="Load (offered token-time / pool)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write results as JSON."),
 ) -> None:
-    """Wall time of the capacity simulation: the seed's stream through all three allocators.
+    """Wall time of the capacity simulation: the T4 recipe's stream through all three allocators.
 
     Target: 1,000,000 requests in under a minute on one CPU core (pin it: taskset -c 0 ...).
     """

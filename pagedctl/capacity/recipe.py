@@ -1,5 +1,5 @@
 """Capacity recipes: YAML files whose keys are the command's flags (flags override them), plus
-`compare`, reference figures printed beside ours (an entry's `seed` is the reference value), and
+`compare`, reference figures printed beside ours (an entry's `reference` is the other system's value), and
 `notes`, how to read them.
 
     name: t4                         # output files results/capacity-t4*
@@ -9,7 +9,7 @@
     block_size: [16, 32, 64]
     dist: lognormal:mean=260,median=180
     compare:
-      - {figure: kv_tokens@0.85, seed: 929024, tol: 2%, label: cache tokens at 85%}
+      - {figure: kv_tokens@0.85, reference: 929024, tol: 2%, label: cache tokens at 85%}
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ KEYS = (
     "notes",
 )
 PATH_KEYS = ("lengths", "outputs")
-_COMPARE_KEYS = {"figure", "seed", "tol", "label"}
+_COMPARE_KEYS = {"figure", "reference", "tol", "label"}
 
 
 class CapacityRecipeError(ValueError):
@@ -69,9 +69,12 @@ def load_capacity_recipe(path: Path) -> dict[str, Any]:
             p = Path(doc[key])
             doc[key] = str(p if p.is_absolute() else path.parent / p)
     for i, entry in enumerate(doc.get("compare") or []):
-        if not isinstance(entry, dict) or not {"figure", "seed"} <= set(entry) <= _COMPARE_KEYS:
+        if (
+            not isinstance(entry, dict)
+            or not {"figure", "reference"} <= set(entry) <= _COMPARE_KEYS
+        ):
             raise CapacityRecipeError(
-                f"recipe {path}: compare[{i}] must be a mapping with figure, seed and optionally "
+                f"recipe {path}: compare[{i}] must be a mapping with figure, reference and optionally "
                 "tol, label"
             )
         _tolerance(entry.get("tol"))
@@ -103,16 +106,16 @@ def _tolerance(tol: Any) -> tuple[str, float]:
 
 
 def compare_rows(figures: dict[str, float], entries: list[dict]) -> list[dict]:
-    """One row per reference figure: its value (`seed`), ours, the difference and the verdict."""
+    """One row per reference figure: its value, ours, the difference and the verdict."""
     rows = []
     for e in entries:
-        seed = float(e["seed"])
+        ref = float(e["reference"])
         ours = figures.get(e["figure"])
         kind, tol = _tolerance(e.get("tol"))
         row = {
             "figure": e["figure"],
             "label": e.get("label", e["figure"]),
-            "seed": seed,
+            "reference": ref,
             "ours": ours,
             "tol": str(e.get("tol", "2%")),
         }
@@ -120,13 +123,11 @@ def compare_rows(figures: dict[str, float], entries: list[dict]) -> list[dict]:
             rows.append({**row, "diff": "n/a", "ok": "n/a"})
             continue
         if kind == "rel":
-            rel = (ours - seed) / seed if seed else float("inf") if ours else 0.0
+            rel = (ours - ref) / ref if ref else float("inf") if ours else 0.0
             diff, ok = f"{100 * rel:+.2f}%", abs(rel) <= tol + 1e-12
         else:
-            d = ours - seed
+            d = ours - ref
             diff = f"{d:+,.0f}" if abs(d) >= 100 else f"{d:+.3g}" if abs(d) >= 1 else f"{d:+.4f}"
-            ok = {"abs": abs(ours - seed) <= tol + 1e-12, ">=": ours >= seed, "<=": ours <= seed}[
-                kind
-            ]
+            ok = {"abs": abs(ours - ref) <= tol + 1e-12, ">=": ours >= ref, "<=": ours <= ref}[kind]
         rows.append({**row, "diff": diff, "ok": "yes" if ok else "NO"})
     return rows

@@ -111,7 +111,7 @@ SIM_COLUMNS = [
 ]
 COMPARE_COLUMNS = [
     ("label", "figure", _text),
-    ("seed", "seed", _num),
+    ("reference", "reference", _num),
     ("ours", "ours", _num),
     ("diff", "diff", _text),
     ("tol", "tolerance", _text),

@@ -7,8 +7,9 @@ own counters (`LLM.stats` after minus before) and from one look at the pool afte
 
 A recipe holds experiments. Each experiment is a list of points (explicit `points`, a grid of
 `axes`, or every point under every grid combination), a run mode (`batch`: all requests at once;
-`sequential`: one request after another, each timed), the columns of its table, the seed's figures
-beside ours and comparisons (ratios between points, the seed's ratio, the expected range). The
+`sequential`: one request after another, each timed), the columns of its table, reference
+figures beside ours (another system's, e.g. vLLM's on a T4) and comparisons (ratios between
+points, the reference ratio, the expected range). The
 command line's axis flags make a one-experiment recipe of their own (`grid_recipe`).
 
 - `metrics`: what a run measures: each metric's header, format and meaning;

@@ -2,8 +2,9 @@
 
 A recipe holds experiments. Each experiment is a list of points (explicit `points`, a grid of
 `axes`, or every point under every grid combination), a run mode (`batch`: all requests at once;
-`sequential`: one request after another, each timed), the columns of its table, the seed's figures
-beside ours and comparisons (ratios between points, the seed's ratio, the expected range). The
+`sequential`: one request after another, each timed), the columns of its table, reference
+figures beside ours (another system's, e.g. vLLM's on a T4) and comparisons (ratios between
+points, the reference ratio, the expected range). The
 command line's axis flags make a one-experiment recipe of their own (`grid_recipe`).
 """
 
@@ -41,21 +42,21 @@ TOP_KEYS = ("name", "description", "repeats", "warmup", "engine", "workload", "e
             *LOAD_KEYS)
 EXPERIMENT_KEYS = ("name", "title", "note", "why", "mode", "engine", "workload", "axes", "points",
                    "columns", "primary", "compare")
-POINT_KEYS = ("label", "engine", "workload", "seed")
-COMPARE_KEYS = ("label", "metric", "num", "den", "den_metric", "seed", "expect_min", "expect_max",
-                "expect")
+POINT_KEYS = ("label", "engine", "workload", "reference")
+COMPARE_KEYS = ("label", "metric", "num", "den", "den_metric", "reference", "expect_min",
+                "expect_max", "expect")
 # fmt: on
 
 
 @dataclass(frozen=True)
 class Point:
     """One configuration: complete engine settings (recipe < experiment < point < grid) and the
-    workload, with the seed's figures for it (metric -> value)."""
+    workload, with reference figures for it (metric -> value)."""
 
     label: str
     engine: dict[str, Any]
     workload: dict[str, Any]
-    seed: dict[str, float] = field(default_factory=dict)
+    reference: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Compare:
     num: str
     den: str | None = None
     den_metric: str | None = None
-    seed: float | None = None
+    reference: float | None = None
     expect_min: float | None = None
     expect_max: float | None = None
     expect: str | None = None
@@ -186,17 +187,17 @@ def _experiment(where: str, doc: Any, engine: dict, workload: dict, base: Path) 
 
 def _point(where: str, doc: Any, engine: dict, workload: dict, base: Path) -> Point:
     doc = check_keys(where, doc, POINT_KEYS)
-    seed = check_keys(f"{where}, seed", doc.get("seed"), tuple(METRICS))
-    for key, value in seed.items():
+    reference = check_keys(f"{where}, reference", doc.get("reference"), tuple(METRICS))
+    for key, value in reference.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise fail(where, f"seed figure {key} must be a number, got {value!r}")
+            raise fail(where, f"reference figure {key} must be a number, got {value!r}")
     return Point(
         label=str(doc.get("label") or ""),
         engine={**engine, **check_engine(f"{where}, engine", doc.get("engine"))},
         workload=merge_workload(
             workload, check_workload(f"{where}, workload", doc.get("workload"), base)
         ),
-        seed={k: float(v) for k, v in seed.items()},
+        reference={k: float(v) for k, v in reference.items()},
     )
 
 
@@ -238,7 +239,7 @@ def _compare(where: str, doc: Any, labels: set[str]) -> Compare:
             raise fail(where, f"{key} {doc[key]!r} is not a point label ({sorted(labels)})")
     if doc.get("expect") not in (None, "within_spread"):
         raise fail(where, "expect may only be within_spread (use expect_min / expect_max)")
-    nums = {k: doc.get(k) for k in ("seed", "expect_min", "expect_max")}
+    nums = {k: doc.get(k) for k in ("reference", "expect_min", "expect_max")}
     for key, value in nums.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise fail(where, f"{key} must be a number, got {value!r}")

@@ -33,7 +33,7 @@ def to_doc(result: SweepResult, command: str, environment: dict) -> dict[str, An
                 "engine": {k: v for k, v in r.point.engine.items() if v is not None},
                 "workload": r.point.workload,
                 "memory": r.memory,
-                "seed": r.point.seed,
+                "reference": r.point.reference,
                 "summary": r.summary(),
                 "runs": r.runs,
             }
@@ -82,7 +82,7 @@ def table(exp: dict, doc: dict) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of an experiment's table (shared by the terminal and Markdown)."""
     points, primary = exp["points"], exp["primary"]
     multi = doc["repeats"] > 1
-    seeds = {m for p in points for m in p["seed"]}
+    refs = {m for p in points for m in p["reference"]}
     failed = any(p["status"] != "ok" for p in points)
     # Settings that vary get a column, unless the labels already say them (grid points).
     varying = [
@@ -99,8 +99,8 @@ def table(exp: dict, doc: dict) -> tuple[list[str], list[list[str]]]:
             headers.append("spread")
         if m == primary and len(points) > 1 and exp["mode"] == "batch":
             headers.append("vs first")
-        if m in seeds:
-            headers.append(f"seed {METRICS[m].header}")
+        if m in refs:
+            headers.append(f"ref {METRICS[m].header}")
     if failed:
         headers.append("status")
     rows = []
@@ -117,8 +117,8 @@ def table(exp: dict, doc: dict) -> tuple[list[str], list[list[str]]]:
             if m == primary and len(points) > 1 and exp["mode"] == "batch":
                 ref = base["summary"].get(m, {}).get("median") if base else None
                 row.append(f"{med / ref - 1:+.1%}" if med is not None and ref else "–")
-            if m in seeds:
-                row.append(fmt(m, p["seed"].get(m)))
+            if m in refs:
+                row.append(fmt(m, p["reference"].get(m)))
         if failed:
             row.append("ok" if p["status"] == "ok" else f"failed: {p['error']}")
         rows.append(row)
@@ -132,7 +132,7 @@ def _spread(s: dict | None) -> str:
 
 
 def comparison_rows(exp: dict) -> tuple[list[str], list[list[str]]]:
-    headers = ["comparison", "ours", "over repeats", "seed", "expected", "holds"]
+    headers = ["comparison", "ours", "over repeats", "reference", "expected", "holds"]
     fixed = {"finished", "preemptions", "requests"}  # counts: shown as they are
     rows = []
     for c in exp["comparisons"]:
@@ -155,7 +155,14 @@ def comparison_rows(exp: dict) -> tuple[list[str], list[list[str]]]:
         span = "–" if c["low"] is None else f"{show(c['low'])} – {show(c['high'])}"
         holds = {True: "yes", False: "no", None: "–"}[c["holds"]]
         rows.append(
-            [c["label"], show(c["value"]), span, show(c["seed"]), ", ".join(expected) or "–", holds]
+            [
+                c["label"],
+                show(c["value"]),
+                span,
+                show(c["reference"]),
+                ", ".join(expected) or "–",
+                holds,
+            ]
         )
     return headers, rows
 
@@ -213,7 +220,7 @@ def markdown(doc: dict) -> str:
     if doc["scale"] != 1.0:
         lines += [
             f"**Scaled by {doc['scale']}** (lengths and pools): a reduced check, not comparable "
-            "with the seed's figures.",
+            "with the reference figures.",
             "",
         ]
     for exp in doc["experiments"]:
@@ -258,7 +265,7 @@ def csv_rows(doc: dict) -> list[dict[str, Any]]:
                 s = p["summary"].get(m, {})
                 for stat in ("median", "min", "max"):
                     row[f"{m}_{stat}"] = s.get(stat, "")
-                row[f"seed_{m}"] = p["seed"].get(m, "")
+                row[f"reference_{m}"] = p["reference"].get(m, "")
             rows.append(row)
     return rows
 

@@ -73,7 +73,9 @@ def evaluate(c: Compare, results: dict[str, PointResult]) -> dict[str, Any]:
     den_metric = c.den_metric or c.metric
     row: dict[str, Any] = {"label": c.label, "metric": c.metric, "num": c.num, "den": c.den}
     row["den_metric"] = den_metric
-    row.update(seed=c.seed, expect_min=c.expect_min, expect_max=c.expect_max, expect=c.expect)
+    row.update(
+        reference=c.reference, expect_min=c.expect_min, expect_max=c.expect_max, expect=c.expect
+    )
     num, den = results[c.num], results[c.den] if c.den else None
     a = num.summary().get(c.metric)
     b = den.summary().get(den_metric) if den else {"min": 1.0, "median": 1.0, "max": 1.0}

@@ -57,14 +57,14 @@ def _params(spec: dict, max_tokens: int):
     temperature = spec.get("temperature")
     return SamplingParams(
         n=int(spec.get("n") or 1),
-        temperature=0.6 if temperature is None else float(temperature),  # W1's
+        temperature=0.6 if temperature is None else float(temperature),  # nano-bench's
         max_tokens=max_tokens,
         ignore_eos=True,
     )
 
 
 def _random_workload(spec: dict, token_ids: tuple[int, int]) -> Workload:
-    """W1's generator (shared with `pagedctl bench`): prompts first, then output lengths."""
+    """nano-bench's generator (shared with `pagedctl bench`): prompts first, then output lengths."""
     from pagedctl.bench.recipe import WorkloadSpec, make_workload
 
     wl = make_workload(
