@@ -1,10 +1,10 @@
 """Benchmark recipes: one YAML file names the model, the engine settings, a synthetic workload and
 the peers that run it in the same process (`pagedctl bench --recipe FILE`).
 
-The workload is the throughput benchmark nano-vllm made common ("nano-bench"): `num_requests` prompts of random
-token ids drawn from `token_ids` (half-open), prompt lengths and `max_tokens` uniform in the closed
-ranges `prompt_len` and `output_len`, all from one `random.Random(seed)`; EOS is ignored on every
-side, so each request produces exactly its `max_tokens`.
+The workload is nano-bench, the throughput benchmark nano-vllm made common: `num_requests`
+prompts of random token ids drawn from `token_ids` (half-open), prompt lengths and `max_tokens`
+uniform in the closed ranges `prompt_len` and `output_len`, all from one `random.Random(seed)`;
+EOS is ignored on every side, so each request produces exactly its `max_tokens`.
 """
 
 from __future__ import annotations

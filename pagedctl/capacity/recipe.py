@@ -1,6 +1,6 @@
 """Capacity recipes: YAML files whose keys are the command's flags (flags override them), plus
-`compare`, reference figures printed beside ours (an entry's `reference` is the other system's value), and
-`notes`, how to read them.
+`compare`, reference figures printed beside ours (an entry's `reference` is the other system's
+value), and `notes`, how to read them.
 
     name: t4                         # output files results/capacity-t4*
     model: qwen2.5-0.5b-instruct
