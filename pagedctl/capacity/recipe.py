@@ -74,8 +74,8 @@ def load_capacity_recipe(path: Path) -> dict[str, Any]:
             or not {"figure", "reference"} <= set(entry) <= _COMPARE_KEYS
         ):
             raise CapacityRecipeError(
-                f"recipe {path}: compare[{i}] must be a mapping with figure, reference and optionally "
-                "tol, label"
+                f"recipe {path}: compare[{i}] must be a mapping with figure, reference and "
+                "optionally tol, label"
             )
         _tolerance(entry.get("tol"))
     return doc
