@@ -1,6 +1,7 @@
-"""The kernel bench's report: `kernels.json` and `kernels.md` from its rows (the decode table, the
-forced split counts, time against bytes as a fixed cost and a streaming rate, the peers, prefill),
-for one run or several merged (`python -m kernels.bench --render A.json B.json ...`). Needs no GPU.
+"""The kernel benchmark's report: `kernels.json` and `kernels.md` from its rows (the decode table,
+the forced split counts, time against bytes as a fixed cost and a streaming rate, the targets, the
+peers, prefill), for one run or several merged (`python -m benchmarks.kernels --render A.json
+B.json ...`). Needs no GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def fixed_and_streaming(decode: list[dict], bandwidth: float) -> list[dict]:
 
 
 def targets(decode: list[dict], peer_rows: list[dict]) -> list[dict]:
-    """Issue 5's decode targets over the rows measured: per target, what was asked, the worst row
+    """The decode kernel's targets over the rows measured: per target, what is asked, the worst row
     and every row that misses it (as "shape batch x context block"). Targets whose rows were not
     measured (no batch >= 64 at 2K+, say) are left out.
 
@@ -93,17 +94,13 @@ def targets(decode: list[dict], peer_rows: list[dict]) -> list[dict]:
 
 
 def _spread(row: dict) -> str:
-    """The least and most paging overhead of one adjacent pair of timings, as ` (lo..hi)`; empty
-    for rows measured before the pairs were kept."""
-    pairs = row.get("paging_overhead_pairs")
-    return f" ({min(pairs):+.1%}..{max(pairs):+.1%})" if pairs else ""
+    """The least and most paging overhead of one adjacent pair of timings, as ` (lo..hi)`."""
+    pairs = row["paging_overhead_pairs"]
+    return f" ({min(pairs):+.1%}..{max(pairs):+.1%})"
 
 
 def _run_note(env: dict) -> str:
-    """What one run timed and at which commit (`PAGEDCTL_COMMIT` when it ran; `note`, set by hand
-    in older JSONs, instead where present)."""
-    if env.get("note"):
-        return env["note"]
+    """What one run timed and at which commit (the caller's `PAGEDCTL_COMMIT`, or git's)."""
     if not env.get("commit"):
         return ""
     batches = ", ".join(str(b) for b in env.get("batches", []))
@@ -127,18 +124,13 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         if len(runs) > 1
         else ""
     )
-    launch = (
-        f"; a graph's own launch adds {env['graph_launch_us']:.1f} us to each replay (not in "
-        "any figure below)"
-        if "graph_launch_us" in env
-        else ""
-    )
     lines = [
         f"# Paged attention on {env['gpu']} ({env['dtype']})",
         "",
         f"copy bandwidth {copy} GB/s{split_runs}, matmul {mm / 1e12:.0f} TFLOP/s; torch "
         f"{env['torch']}, triton {env['triton']}; an empty kernel costs "
-        f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph{launch}",
+        f"{env['empty_kernel_us']:.1f} us per call in the same kind of graph; a graph's own "
+        f"launch adds {env['graph_launch_us']:.1f} us to each replay (not in any figure below)",
         "",
     ]
     notes = [_run_note(r) for r in runs]
@@ -146,20 +138,15 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
         lines += ["Runs: " + "; ".join(n for n in notes if n) + ".", ""]
     lines += [
         "Times are per call in a CUDA graph of back-to-back calls over distinct per-layer caches "
-        "(as a decode step replays them; `layers` in the JSON; where `shared_table` is in the "
-        "JSON, through one block table, as the engine's layers share one): what one more call "
-        "adds to the "
-        "graph (where `graph_launch_us` is in the JSON; before, a replay's time over its calls, "
-        "the graph's launch included); eager: one call launched from "
-        "Python each time; other combine: the same split count merged the way the shipped "
-        "config does not (`f` = `fused_combine`, the last split merges in the same launch; "
-        "`k` = a second, combine kernel), `-` where one split is chosen; paging overhead: the "
-        "same caches through a random block table against an identity one, four timings of "
-        "each, interleaved: the median of the four adjacent pairs' ratios (older tables: the "
-        "ratio of the means), in brackets the least and most of them; plain read: a kernel that "
-        "only streams the same K/V bytes in, "
-        "timed the same way (the fastest of 2, 4, 8 programs per SM): what any decode kernel "
-        "pays at this size.",
+        "through one block table (as a decode step replays them; `layers` in the JSON): what "
+        "one more call adds to the graph; eager: one call launched from Python each time; other "
+        "combine: the same split count merged the way the shipped config does not (`f` = "
+        "`fused_combine`, the last split merges in the same launch; `k` = a second, combine "
+        "kernel), `-` where one split is chosen; paging overhead: the same caches through a "
+        "random block table against an identity one, four timings of each, interleaved: the "
+        "median of the four adjacent pairs' ratios, in brackets the least and most of them; "
+        "plain read: a kernel that only streams the same K/V bytes in, timed the same way (the "
+        "fastest of 2, 4, 8 programs per SM): what any decode kernel pays at this size.",
         "",
         "| shape | batch | ctx | block | us | eager us | % of copy bw | paging overhead "
         "| split speedup | other combine us | SDPA us | flex us | plain read us | x plain read |",
@@ -169,9 +156,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
     for r in decode:
         pr = peer_of[(r["shape"], r["batch"], r["context"])]
         flex = "n/a" if pr["ms_flex"] is None else f"{pr['ms_flex'] * 1e3:.1f}"
-        read = "n/a | n/a"
-        if "ms_read" in pr:
-            read = f"{pr['ms_read'] * 1e3:.1f} | {r['ms_random'] / pr['ms_read']:.2f}"
+        read = f"{pr['ms_read'] * 1e3:.1f} | {r['ms_random'] / pr['ms_read']:.2f}"
         fused = "-"
         for key, tag in (("ms_fused_combine", "f"), ("ms_combine_kernel", "k")):
             if key in r:
@@ -194,7 +179,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
     for r in decode:
         if not r["ms_splits"]:
             continue
-        picked = r.get("splits_picked")  # (older runs did not record it: no mark)
+        picked = r["splits_picked"]
         cells = []
         for n in scan_cols:
             ms = r["ms_splits"].get(str(n))
@@ -219,7 +204,7 @@ def write(out: Path, env: dict, decode: list, peer_rows: list, prefill: list) ->
     if goals:
         lines += [
             "",
-            "Targets of issue 5 over the rows above (`kernels.bench_report.targets`):",
+            "Targets over the rows above (`benchmarks.kernel_report.targets`):",
             "",
             "| target | asked | rows | worst | worst row | rows that miss |",
             "|---|---|---|---|---|---|",

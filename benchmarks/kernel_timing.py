@@ -1,7 +1,7 @@
-"""How the kernel benches time things on a CUDA device: a call as one node of a layer stack in a
-CUDA graph (as a decode step replays them), the card's copy bandwidth and matmul rate, an empty
+"""How the kernel benchmark times things on a CUDA device: a call as one node of a layer stack in
+a CUDA graph (as a decode step replays them), the card's copy bandwidth and matmul rate, an empty
 kernel's and a plain read's cost in the same kind of graph, and K/V pools laid out as the engine
-lays them out. Used by `kernels.bench`, `kernels.sweep` and the scripts in `scripts/device/`.
+lays them out. Used by `benchmarks.kernels` and `benchmarks.step`.
 """
 
 from __future__ import annotations

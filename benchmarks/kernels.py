@@ -1,6 +1,7 @@
-"""Decode and prefill attention benchmark on a CUDA device: `python -m kernels.bench --out DIR`.
+"""Decode and prefill attention on a CUDA device: `python -m benchmarks.kernels --out DIR`.
 
-Reports, per shape: time (median of `triton.testing.do_bench`), bytes moved, achieved bandwidth as a
+Makes results/kernels-h200.md and .json (one run per model, merged by `--render`). Reports, per
+shape: time (median of `triton.testing.do_bench`), bytes moved, achieved bandwidth as a
 fraction of this card's measured copy bandwidth; the paging overhead (random vs identity block
 table); split-KV vs no split; and peers on a contiguous cache measured in the same run: SDPA and
 compiled `flex_attention`, both with the GQA group folded into the query axis.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import statistics
 from dataclasses import replace
@@ -20,8 +20,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from pagedctl.kernels.bench_report import SPLIT_SCAN, write
-from pagedctl.kernels.bench_timing import (
+from pagedctl.kernels.configs import lookup, phase_of
+from pagedctl.kernels.triton_attention import _device_info, paged_attention
+from pagedctl.kernels.triton_splits import choose_num_splits
+
+from benchmarks.kernel_report import SPLIT_SCAN, write
+from benchmarks.kernel_timing import (
     _ms,
     _pool,
     _table,
@@ -32,9 +36,7 @@ from pagedctl.kernels.bench_timing import (
     per_call_ms,
     read_floor_ms,
 )
-from pagedctl.kernels.configs import lookup, phase_of
-from pagedctl.kernels.triton_attention import _device_info, paged_attention
-from pagedctl.kernels.triton_splits import choose_num_splits
+from pagedctl.envinfo import environment
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 
@@ -165,8 +167,8 @@ def main() -> None:
         type=Path,
         nargs="+",
         metavar="JSON",
-        help="rewrite the tables of kernels.json files (runs of different shapes: one table), "
-        "no GPU",
+        help="rewrite the tables of kernels.json files (runs of different shapes: one table); "
+        "needs no GPU",
     )
     a = p.parse_args()
     if a.render:
@@ -188,7 +190,7 @@ def main() -> None:
         "matmul_TFLOPs": mm / 1e12,
         "dtype": a.dtype,
         "sms": _device_info(device)[1],
-        "commit": os.environ.get("PAGEDCTL_COMMIT"),  # the caller's word (see scripts/device)
+        "commit": environment()["commit"],
     }
     empty, launch = empty_kernel_ms(device)
     env.update(empty_kernel_us=empty * 1e3, graph_launch_us=launch * 1e3, shapes=a.shapes)

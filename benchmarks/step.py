@@ -1,10 +1,11 @@
 """One decode step of the whole engine against its memory-bandwidth floor.
 
-`python -m pagedctl.bench_step --out DIR` (CUDA): a batch of `--batch` sequences with `--context`
-tokens each is prefilled, then `--steps` engine steps are timed end to end (schedule, input
-preparation, the graph replay, sampling, reading the tokens, update). The floor of a decode step is
-reading the weights once and every live KV byte once at the card's measured copy bandwidth; the
-report gives the step time as a multiple of it, and the GPU-only time of the step's CUDA graph.
+`python -m benchmarks.step --out DIR` (CUDA; results/decode-step-h200.json): a batch of `--batch`
+sequences with `--context` tokens each is prefilled, then `--steps` engine steps are timed end to
+end (schedule, input preparation, the graph replay, sampling, reading the tokens, update). The
+floor of a decode step is reading the weights once and every live KV byte once at the card's
+measured copy bandwidth; the report gives the step time as a multiple of it, and the GPU-only time
+of the step's CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import time
 from pathlib import Path
 
 import torch
-
 from pagedctl.engine import SamplingParams
 from pagedctl.engine.llm import LLM
-from pagedctl.kernels.bench_timing import copy_bandwidth
+
+from benchmarks.kernel_timing import copy_bandwidth
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
