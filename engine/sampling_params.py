@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+GREEDY_BELOW = 1e-5  # as vLLM: a temperature under this samples greedily
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request and when to stop it.
@@ -53,7 +56,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or one so small that dividing by it overflows float32: its limit."""
+        return self.temperature < GREEDY_BELOW
 
     def is_stop_token(self, token_id: int) -> bool:
         return token_id in self._stop_ids

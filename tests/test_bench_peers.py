@@ -181,7 +181,7 @@ def test_no_arguments_print_help_and_subcommands_still_work():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--recipe", "no/such.yaml"), "cannot read recipe no/such.yaml"),
+        (("--recipe", "no/such.yaml"), "no recipe 'no/such.yaml'"),
         (("--recipe", RECIPES / "nano-bench-cpu.yaml", "--peer", "vllm"), "unknown peer"),
         (("--recipe", RECIPES / "nano-bench-cpu.yaml", "scheduler"), "give no subcommand"),
     ],

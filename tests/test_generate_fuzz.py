@@ -59,8 +59,7 @@ def test_every_line_gets_exactly_one_record(tmp_path_factory, lines):
     job = GenerateJob(
         JobSettings(
             input=src,
-            model="tiny-llama",
-            engine={"device": "cpu", "num_blocks": 64, "max_num_seqs": 8},
+            engine={"model": "tiny-llama", "device": "cpu", "num_blocks": 64, "max_num_seqs": 8},
             sampling={"max_tokens": 4},
         ),
         force=False,

@@ -15,7 +15,6 @@ from pagedctl.options import engine_flags
 console = Console()
 bench_app = typer.Typer(
     help="Benchmarks: the engine against its peers, measured in the same run.",
-    no_args_is_help=True,
     rich_markup_mode=None,
 )
 
