@@ -10,10 +10,18 @@ forces the reference. Callers never import a backend module directly.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from pagedctl.kernels import reference
 from torch import Tensor
+
+_NO_TRITON = (
+    "the Triton kernels serve this call ({why}) and need the `triton` package, which is not "
+    "installed (torch's CUDA builds bring it); install it, or set PAGEDCTL_KERNELS=reference to "
+    "run the PyTorch reference ops"
+)
 
 
 def _use_triton(tensor: Tensor) -> bool:
@@ -26,6 +34,21 @@ def _triton_serves(device: torch.device) -> bool:
     """Whether calls on tensors of this device go to the Triton kernels."""
     forced = _forced_backend()
     return forced == "triton" if forced else device.type == "cuda"
+
+
+@contextmanager
+def _needs_triton() -> Iterator[None]:
+    """Around the import of a Triton module: a missing `triton` says what to do about it.
+
+    Triton is not a dependency of the package; the `triton_*` modules are imported on the first
+    call that goes to them, so a CPU-only install never imports Triton."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        if e.name != "triton" and not (e.name or "").startswith("triton."):
+            raise
+        why = "PAGEDCTL_KERNELS=triton" if _forced_backend() == "triton" else "CUDA tensors"
+        raise ModuleNotFoundError(_NO_TRITON.format(why=why), name=e.name) from e
 
 
 def _forced_backend() -> str | None:
@@ -74,7 +97,8 @@ def write_kv(
 ) -> None:
     """Store new K/V rows at their cache slots; contract in `kernels.reference.write_kv`."""
     if _use_triton(k_cache):
-        from pagedctl.kernels.triton_kv import write_kv as triton_write_kv
+        with _needs_triton():
+            from pagedctl.kernels.triton_kv import write_kv as triton_write_kv
 
         triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -103,7 +127,8 @@ def paged_attention(
     """
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
     if _use_triton(q):
-        from pagedctl.kernels.triton_attention import paged_attention as triton_paged_attention
+        with _needs_triton():
+            from pagedctl.kernels.triton_attention import paged_attention as triton_paged_attention
 
         return triton_paged_attention(
             *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits
@@ -118,7 +143,8 @@ def rms_norm(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """RMSNorm of `x` (or of `x + residual`, also returned); contract in `kernels.reference`."""
     if _use_triton(x):
-        from pagedctl.kernels.triton_fused import rms_norm as triton_rms_norm
+        with _needs_triton():
+            from pagedctl.kernels.triton_fused import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
@@ -127,7 +153,8 @@ def rms_norm(
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> None:
     """Neox rotary embedding in place on q and k; contract in `kernels.reference.rotary`."""
     if _use_triton(q):
-        from pagedctl.kernels.triton_fused import rotary as triton_rotary
+        with _needs_triton():
+            from pagedctl.kernels.triton_fused import rotary as triton_rotary
 
         triton_rotary(q, k, cos, sin, positions)
         return
@@ -149,7 +176,8 @@ def rotary_write_kv(
     contract in `kernels.reference.rotary_write_kv`."""
     args = (q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping)
     if _use_triton(q):
-        from pagedctl.kernels.triton_fused import rotary_write_kv as triton_rotary_write_kv
+        with _needs_triton():
+            from pagedctl.kernels.triton_fused import rotary_write_kv as triton_rotary_write_kv
 
         triton_rotary_write_kv(*args)
         return
@@ -159,7 +187,8 @@ def rotary_write_kv(
 def silu_and_mul(x: Tensor) -> Tensor:
     """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`."""
     if _use_triton(x):
-        from pagedctl.kernels.triton_fused import silu_and_mul as triton_silu_and_mul
+        with _needs_triton():
+            from pagedctl.kernels.triton_fused import silu_and_mul as triton_silu_and_mul
 
         return triton_silu_and_mul(x)
     return reference.silu_and_mul(x)
@@ -168,7 +197,10 @@ def silu_and_mul(x: Tensor) -> Tensor:
 def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
     """Temperature sampling by inverse CDF, one uniform per row; contract in `kernels.reference`."""
     if _use_triton(logits):
-        from pagedctl.kernels.triton_sample import sample_temperature as triton_sample_temperature
+        with _needs_triton():
+            from pagedctl.kernels.triton_sample import (
+                sample_temperature as triton_sample_temperature,
+            )
 
         return triton_sample_temperature(logits, temperature, u)
     return reference.sample_temperature(logits, temperature, u)
