@@ -78,6 +78,11 @@ class RequestTracker:
                     request_id, index, None, [], error=str(exc), error_code="invalid_prompt"
                 )
             ]
+        if params.stop and self.tokenizer is None:
+            msg = "stop strings need a tokenizer, and this model has none; use stop_token_ids"
+            return [
+                RequestOutput(request_id, index, prompt, ids, error=msg, error_code="no_tokenizer")
+            ]
         if request_id in self._requests:
             msg = f"request id {request_id!r} is already in flight"
             return [
