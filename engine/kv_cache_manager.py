@@ -199,7 +199,7 @@ class KVCacheManager:
         block, as far as their tokens agree. A job's requests often share a long prefix (a system
         prompt, a document); hashing it again costs the host ~1 us a block (a round of four
         prefix hits after 16K cached tokens took 29 ms on the H200 against a 3.6 ms step; 15 ms
-        with this: results/few-graphs-h200.md), comparing the tokens a few percent of that. The
+        with this), comparing the tokens a few percent of that. The
         first block's hash covers the cache salt, so sequences of other salts never match."""
         bs = self.block_size
         tokens = seq.token_ids

@@ -79,8 +79,7 @@ def empty_kv_cache(
     (`[..., block, head, token, dim]`, returned as a permuted view): an attention program reads
     its KV head's part of a block as one contiguous run of `block_size * head_dim` elements
     instead of `head_dim` elements every `num_kv_heads * head_dim`. On an H200 that is 0-3%
-    faster on every decode shape timed (`python -m kernels.sweep --layout`,
-    results/kernels-layout-h200.json). The reference ops keep token-major storage: their gathers
+    faster on every decode shape timed. The reference ops keep token-major storage: their gathers
     flatten (block, token) into slots, which a permuted view would copy.
     """
     shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)

@@ -4,7 +4,7 @@ Chosen offline (no autotuning at run time). Families: `sm75` (Turing: no sm_80+ 
 dots, no software pipelining, 64 KB shared memory per program), `sm80` (Ampere/Ada) and `sm90`
 (Hopper and newer). Phases: `prefill`, `decode`, and `decode_wide` for decode grids of more than
 `WIDE_PROGRAMS_PER_SM` (sequence, KV head) programs per SM (where a family has no entry of its
-own, `decode` serves). sm90 comes from `python -m kernels.sweep` on an H200; sm80 carries its
+own, `decode` serves). sm90 was chosen by a launch-config sweep on an H200; sm80 carries its
 choices over (3 stages is what gives the K/V loads two buffers on any cp.async GPU), and sm75 is
 the design notes' starting point (no sm_80 or sm_75 card has been lent to measure).
 """
@@ -32,9 +32,8 @@ class AttentionConfig:
             `triton_attention._attn_fwd`): its programs start while the kernel before it (the
             engine's `rotary_write_kv`, or `write_kv`) runs and read the tables and lengths, then
             wait for it. Off in every shipped config: on the H200 it hid 0.4-0.6 us on short
-            calls and cost 2.5-3.7 us behind `write_kv` at batch 64 x 8K
-            (results/kernels-layout-h200.md; measured before the engine fused the KV write into
-            its rotary kernel).
+            calls and cost 2.5-3.7 us behind `write_kv` at batch 64 x 8K (measured before the
+            engine fused the KV write into its rotary kernel).
     """
 
     block_m: int
@@ -58,7 +57,7 @@ CONFIGS: dict[tuple[str, str], AttentionConfig] = {
     ("sm80", "decode"): AttentionConfig(16, 64, 4, 3, fused_combine=True),
     ("sm80", "decode_wide"): AttentionConfig(16, 128, 4, 3),
     ("sm80", "prefill"): AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=3),
-    # H200 sweep of session 4 (results/kernels-sweep-h200.json): tile 64 / 4 warps / 3 stages
+    # On an H200, tile 64 / 4 warps / 3 stages
     # with the fused combine wins the geometric mean over decode shapes; at batch 256 with
     # 3 KV heads (768 programs) it loses ~30% to tile 128, which "decode_wide" takes.
     ("sm90", "decode"): AttentionConfig(16, 64, 4, 3, fused_combine=True),

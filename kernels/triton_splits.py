@@ -113,7 +113,7 @@ def choose_num_splits(
     with no split shorter than one tile; and once the programs outnumber the SMs, none with fewer
     than MIN_TILES_PER_SPLIT tiles, since a split's fixed cost (its start, its partial, the
     merge) needs that much streaming behind it. On the H200 this picks, within 2%, the fastest
-    forced count of every batch-1, 8 and 64 shape timed (results/kernels-splits-h200.md).
+    forced count of every batch-1, 8 and 64 shape timed.
 
     Depends only on host integers (never on tensor values), so a CUDA graph captured for a batch
     bucket with the bucket's largest `max_seqlen_k` keeps one fixed grid.
