@@ -315,9 +315,9 @@ class CacheConfig:
         hash_seed: root of the hash chain; fixed so that results are reproducible run to run.
     """
 
-    block_size: int = 16
+    block_size: int = DEFAULTS["block_size"]
     num_blocks: int = 1024
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     hash_seed: int = 0
 
     def __post_init__(self) -> None:

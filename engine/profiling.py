@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from pagedctl.engine.config import DEFAULTS
 from pagedctl.engine.kv_sizing import format_bytes
 from pagedctl.engine.models.attention import AttentionMetadata
 from pagedctl.kernels import empty_kv_cache
@@ -79,7 +80,7 @@ def profile_peak_bytes(
     dtype: torch.dtype,
     num_tokens: int,
     num_logit_rows: int = 256,
-    block_size: int = 16,
+    block_size: int = DEFAULTS["block_size"],
 ) -> int:
     """Peak bytes this process holds (weights included) while running one step of `num_tokens`.
 

@@ -64,7 +64,7 @@ def run(lines: int = 200_000, model: str = "tiny-llama") -> dict:
                 "device": "cpu",
                 "kv_cache_memory_bytes": "64MiB",
                 "max_num_seqs": 256,
-            },  # fmt: skip
+            },
             sampling={"max_tokens": 2, "temperature": 0.0},
         )
         job = GenerateJob(settings, force=False, quiet=True, log_format="text")

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from pagedctl.engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedctl.engine.config import DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _fake_tokens(out, rng: random.Random) -> list[list[int]]:
 def run(
     num_seqs: int,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULTS["block_size"],
     prompt_len: int = 128,
     steps: int = 256,
     repeats: int = 5,

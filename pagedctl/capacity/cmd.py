@@ -13,12 +13,13 @@ from pagedctl.capacity import sim
 from pagedctl.capacity.inputs import fail
 from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
 from pagedctl.capacity.run import CapacityRun
+from pagedctl.engine.config import DEFAULTS as ENGINE_DEFAULTS
 from pagedctl.recipe_file import RecipeError, find_recipe
 
 DEFAULTS: dict[str, Any] = {
-    "gpu_mem": [0.9],
+    "gpu_mem": [ENGINE_DEFAULTS["gpu_memory_utilization"]],
     "dtype": "auto",
-    "block_size": [16],
+    "block_size": [ENGINE_DEFAULTS["block_size"]],
     "loads": [0.25, 0.5, 0.75, 1.0, 1.25],
     "requests": 100_000,
     "seed": 0,
@@ -45,7 +46,7 @@ def capacity(
         "--gpu-memory-utilization",
         "--gpu-mem",
         help="Fraction(s) of total device memory the engine may use, e.g. 0.7,0.9.",
-        show_default="0.9",
+        show_default=str(ENGINE_DEFAULTS["gpu_memory_utilization"]),
     ),
     non_kv_memory: str | None = typer.Option(
         None,
@@ -63,7 +64,10 @@ def capacity(
         None, help="auto, float16, bfloat16 or float32 (default: auto)."
     ),
     block_size: str | None = typer.Option(
-        None, "--block-size", help="KV block size(s) in tokens, e.g. 16,32,64.", show_default="16"
+        None,
+        "--block-size",
+        help="KV block size(s) in tokens, e.g. 16,32,64.",
+        show_default=str(ENGINE_DEFAULTS["block_size"]),
     ),
     max_len: int | None = typer.Option(
         None,
