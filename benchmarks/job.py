@@ -38,6 +38,7 @@ def trace_jit(path: Path) -> None:
     import atexit
 
     import triton
+
     from pagedctl.engine.llm import LLM
 
     misses: list[list] = []
@@ -107,10 +108,9 @@ def run_job(name: str, lines: list[dict], out: Path, model: str | None) -> dict:
 
 def run_engine(wl, model: str | None) -> dict:
     """The same requests as `pagedctl bench` runs its own side: a warm-up, then one `generate`."""
-    from pagedctl.engine import EngineConfig
-
     from pagedctl.bench.peers import run_pagedctl
     from pagedctl.bench.recipe import BenchRecipe
+    from pagedctl.engine import EngineConfig
     from pagedctl.models.bundled import engine_settings
 
     config = EngineConfig(**engine_settings({"model": model} if model else {}))

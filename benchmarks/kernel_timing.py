@@ -12,9 +12,10 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.testing import do_bench
+
 from pagedctl.kernels import empty_kv_cache
 from pagedctl.kernels.triton_attention import _device_info
-from triton.testing import do_bench
 
 
 def _ms(fn) -> float:

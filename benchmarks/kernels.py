@@ -20,9 +20,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from pagedctl.kernels.configs import lookup, phase_of
-from pagedctl.kernels.triton_attention import _device_info, paged_attention
-from pagedctl.kernels.triton_splits import choose_num_splits
 
 from benchmarks.kernel_report import SPLIT_SCAN, write
 from benchmarks.kernel_timing import (
@@ -37,6 +34,9 @@ from benchmarks.kernel_timing import (
     read_floor_ms,
 )
 from pagedctl.envinfo import environment
+from pagedctl.kernels.configs import lookup, phase_of
+from pagedctl.kernels.triton_attention import _device_info, paged_attention
+from pagedctl.kernels.triton_splits import choose_num_splits
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-135m": (9, 3, 64)}
 

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import torch
-from pagedctl.engine import SamplingParams
-from pagedctl.engine.llm import LLM
 
 from benchmarks.kernel_timing import copy_bandwidth
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:

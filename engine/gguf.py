@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
 from pagedctl.engine.weights import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+
 from pagedctl.engine.config import (
     NAMES,
     SETTINGS,

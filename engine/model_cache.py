@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from pagedctl.engine.gguf import MANIFEST, GGUFConversionError, convert_gguf, sha256_file
 from pagedctl.engine.weights import (
     expected_weight_shapes,

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from torch import Tensor
+
 from pagedctl.engine.models.attention import AttentionMetadata
 from pagedctl.engine.sampler import Sampler, make_generator
 from pagedctl.engine.scheduler import SchedulerOutput
@@ -29,7 +31,6 @@ from pagedctl.engine.sequence import Sequence
 from pagedctl.engine.staging import Staging
 from pagedctl.engine.step_graphs import MAX_GRAPH_BATCH, StepGraphs
 from pagedctl.kernels import empty_kv_cache, graph_capturable
-from torch import Tensor
 
 logger = logging.getLogger("pagedctl.engine")
 

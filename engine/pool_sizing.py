@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import torch
+
 from pagedctl.engine.device import default_cpu_kv_bytes
 from pagedctl.engine.kv_sizing import KVLayout, format_bytes, parse_bytes
 

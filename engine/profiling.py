@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import torch
+
 from pagedctl.engine.config import DEFAULTS
 from pagedctl.engine.kv_sizing import format_bytes
 from pagedctl.engine.models.attention import AttentionMetadata

@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from pagedctl.engine.sampling_params import SamplingParams
 from torch import Tensor
 
 from pagedctl import kernels
+from pagedctl.engine.sampling_params import SamplingParams
 
 _CANDIDATES = 64  # largest probabilities looked at first; more (x16 each time) only where needed
 

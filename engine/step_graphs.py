@@ -31,8 +31,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from pagedctl.engine.models.attention import AttentionMetadata, KVCache
 from torch import Tensor
+
+from pagedctl.engine.models.attention import AttentionMetadata, KVCache
 
 logger = logging.getLogger("pagedctl.engine")
 

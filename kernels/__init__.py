@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from pagedctl.kernels import reference
 from torch import Tensor
+
+from pagedctl.kernels import reference
 
 _NO_TRITON = (
     "the Triton kernels serve this call ({why}) and need the `triton` package, which is not "

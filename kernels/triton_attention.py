@@ -20,10 +20,11 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from pagedctl.kernels.configs import AttentionConfig, lookup, pdl_capable, phase_of
-from pagedctl.kernels.triton_splits import _merge_splits, _split_counters, choose_num_splits
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from pagedctl.kernels.configs import AttentionConfig, lookup, pdl_capable, phase_of
+from pagedctl.kernels.triton_splits import _merge_splits, _split_counters, choose_num_splits
 
 LOG2E = 1.4426950408889634
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from pagedctl.kernels import configs
-from pagedctl.kernels.triton_attention import _device_info
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents
+
+from pagedctl.kernels import configs
+from pagedctl.kernels.triton_attention import _device_info
 
 MAX_TILE = 1024  # elements per program tile (per operand) before a kernel loops or splits
 

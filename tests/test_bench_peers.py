@@ -1,4 +1,4 @@
-"""`pagedctl bench --recipe`: recipes, the nano-bench workload, row checks, and the real CLI on the CPU."""
+"""`pagedctl bench --recipe`: recipes, the nano-bench workload, row checks, the CLI on the CPU."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """BlockPool and its free queue: exact block ids, free order, eviction and error cases."""
 
 import pytest
+
 from pagedctl.engine.block_hash import hash_block_tokens, root_hash
 from pagedctl.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from pagedctl.engine.kv_sizing import parse_bytes
 
 from pagedctl.capacity import plan
 from pagedctl.capacity.card import CardError, resolve_card, scheduler_budget
@@ -17,6 +16,7 @@ from pagedctl.capacity.lengths import (
     parse_distribution,
 )
 from pagedctl.capacity.model import resolve_footprint
+from pagedctl.engine.kv_sizing import parse_bytes
 
 T4_DIST = "lognormal:mean=260,median=180"
 

@@ -19,13 +19,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
 from pagedctl.engine import model_cache
 from pagedctl.engine.gguf import convert_gguf, unpermute_qk
 from pagedctl.engine.model_cache import convert_gguf_cached
 from pagedctl.engine.model_source import resolve_model
 from pagedctl.engine.weights import UnsupportedModelError, load_tokenizer
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-
 from pagedctl.models.bundled import (
     DEFAULT_MODEL,
     GGUF_MEMBER,

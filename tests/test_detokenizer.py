@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pagedctl.engine.detokenizer import IncrementalDetokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from pagedctl.engine.detokenizer import IncrementalDetokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world, hello again!",

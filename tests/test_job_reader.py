@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pagedctl.engine import SamplingParams
 
+from pagedctl.engine import SamplingParams
 from pagedctl.generate.reader import (
     ERROR_CODES,
     JobRequest,

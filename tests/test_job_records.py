@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 import pytest
-from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
+from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagedctl.generate.records import dumps, error_record, ok_record
 
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 triton = pytest.importorskip("triton")
 
+from pagedctl import kernels  # noqa: E402
 from pagedctl.engine.models.layers import (  # noqa: E402
     GatedMLP,
     RMSNorm,
@@ -26,8 +27,6 @@ from pagedctl.engine.models.layers import (  # noqa: E402
 )
 from pagedctl.kernels import reference  # noqa: E402
 from pagedctl.kernels import triton_fused as tf  # noqa: E402
-
-from pagedctl import kernels  # noqa: E402
 from tests.test_kernels_triton import _compile, run_interpreter_suite  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

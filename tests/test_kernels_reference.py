@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedctl.kernels import paged_attention, write_kv
 from torch import Tensor
+
+from pagedctl.kernels import paged_attention, write_kv
 
 GARBAGE_BLOCK = 10**9  # table padding: indexing the cache with it would raise
 

@@ -479,7 +479,6 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
     tables that killed a CUDA context)."""
     from pagedctl.engine import SamplingParams
     from pagedctl.engine.llm import LLM
-
     from tests.tiny_models import save_tiny_model
 
     save_tiny_model("qwen2", tmp_path)

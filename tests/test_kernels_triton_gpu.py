@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedctl.kernels import reference
 from torch import Tensor
 
 from pagedctl import kernels
+from pagedctl.kernels import reference
 
 pytestmark = [
     pytest.mark.gpu,

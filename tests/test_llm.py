@@ -4,10 +4,10 @@ import dataclasses
 import random
 
 import pytest
-from pagedctl.engine import SamplingParams
-from pagedctl.engine.llm import LLM
 
 from pagedctl import bundled_model
+from pagedctl.engine import SamplingParams
+from pagedctl.engine.llm import LLM
 from tests.tiny_models import hf_greedy, save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)

@@ -4,9 +4,9 @@ import random
 
 import pytest
 import torch
+
 from pagedctl.engine import SamplingParams
 from pagedctl.engine.llm import LLM
-
 from tests.tiny_models import save_tiny_model
 
 pytestmark = [
@@ -39,6 +39,7 @@ def test_a_sampled_run_meets_no_kernel_that_start_up_did_not(tmp_path):
     uses, so its first `generate` compiles nothing and loads nothing from Triton's disk cache (a
     job's first sampled step waited 0.28 s for the sampler's kernels: job-vs-engine-h200.md)."""
     import triton
+
     from pagedctl.kernels.triton_sample import _chunk_stats, _pick
 
     save_tiny_model("qwen2", tmp_path)

@@ -7,6 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
+from torch import Tensor
+from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+
 from pagedctl.engine.models import (
     AttentionMetadata,
     LlamaForCausalLM,
@@ -15,8 +18,6 @@ from pagedctl.engine.models import (
     build_model,
 )
 from pagedctl.engine.models.layers import RopeConfig, rope_config
-from torch import Tensor
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
 TINY = dict(
     vocab_size=256,

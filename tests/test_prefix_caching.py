@@ -1,7 +1,6 @@
 """KVCacheManager: allocation, prefix hits, eviction, revival, salts, fork and copy-on-write."""
 
 from pagedctl.engine import CacheConfig, KVCacheManager
-
 from tests.sched_utils import make_seq
 
 

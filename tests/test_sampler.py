@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from pagedctl.engine.sampler import Sampler, make_generator
 from pagedctl.engine.sampling_params import SamplingParams as SP
 

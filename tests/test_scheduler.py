@@ -1,7 +1,6 @@
 """Scheduler: budget and chunking, prefix hits, preemption and resume, refusal, stops, forks."""
 
 from pagedctl.engine import SequenceStatus
-
 from tests.sched_utils import EOS, make_scheduler, make_seq, run_to_completion, step
 
 

@@ -4,8 +4,8 @@ docs/design.md."""
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from pagedctl.engine import SamplingParams, Sequence, SequenceStatus
 
+from pagedctl.engine import SamplingParams, Sequence, SequenceStatus
 from tests.sched_utils import EOS, make_scheduler
 
 PREFIXES = [[], [11, 12, 13, 14, 15, 16, 17, 18], [11, 12, 13, 14, 30, 31]]

@@ -10,6 +10,16 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
 from pagedctl.engine.kv_sizing import KVLayout
 from pagedctl.engine.model_source import resolve_model
 from pagedctl.engine.weights import (
@@ -20,15 +30,6 @@ from pagedctl.engine.weights import (
     expected_weight_shapes,
     iter_weights,
     load_tokenizer,
-)
-from transformers import (
-    AutoModelForCausalLM,
-    GPT2Config,
-    LlamaConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen3Config,
 )
 
 TINY = {

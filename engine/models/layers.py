@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pagedctl.kernels import rms_norm, silu_and_mul
 from torch import Tensor, nn
+
+from pagedctl.kernels import rms_norm, silu_and_mul
 
 
 class Linear(nn.Module):

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from pagedctl.engine.models.attention import AttentionMetadata, KVCache, PagedAttention
 from pagedctl.engine.models.layers import (
     Embedding,
@@ -23,7 +25,6 @@ from pagedctl.engine.models.layers import (
     UnsupportedModelError,
     model_spec,
 )
-from torch import Tensor, nn
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
