@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pagedctl.recipe_file import RecipeError, read_recipe
 
 KEYS = (
     "name",
@@ -47,18 +47,16 @@ PATH_KEYS = ("lengths", "outputs")
 _COMPARE_KEYS = {"figure", "reference", "tol", "label"}
 
 
-class CapacityRecipeError(ValueError):
+class CapacityRecipeError(RecipeError):
     """A capacity recipe that cannot be used as written."""
 
 
 def load_capacity_recipe(path: Path) -> dict[str, Any]:
     """Read and check a recipe; relative file paths are taken from the recipe's folder."""
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise CapacityRecipeError(f"cannot read recipe {path}: {e}") from None
-    if not isinstance(doc, dict):
-        raise CapacityRecipeError(f"recipe {path} must be a mapping of flag names to values")
+        doc = read_recipe(path)
+    except RecipeError as e:
+        raise CapacityRecipeError(str(e)) from None
     unknown = sorted(set(doc) - set(KEYS))
     if unknown:
         raise CapacityRecipeError(

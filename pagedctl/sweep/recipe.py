@@ -15,9 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from pagedctl.recipe_file import RecipeError
+from pagedctl.recipe_file import read_recipe
 from pagedctl.sweep.metrics import DEFAULT_COLUMNS, METRICS
 from pagedctl.sweep.settings import (
     DEFAULT_WORKLOAD,
@@ -108,10 +106,7 @@ class SweepRecipe:
 
 def load_sweep_recipe(path: Path) -> SweepRecipe:
     """Read and check a sweep recipe: a typo is an error, not a silent default."""
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise RecipeError(f"cannot read recipe {path}: {e}") from None
+    doc = read_recipe(path)
     where = f"recipe {path}"
     doc = check_keys(where, doc, TOP_KEYS)
     base = path.parent
