@@ -24,17 +24,20 @@ def shipped_recipes() -> dict[str, Path]:
 
 
 def find_recipe(name_or_path: Path | str) -> Path:
-    """The file a `--recipe` value names: an existing path, else a shipped recipe's name."""
-    path = Path(name_or_path).expanduser()
+    """The file a `--recipe` value names: an existing path, else a shipped recipe's name
+    (`nano-bench`), also as the repository spells it (`recipes/nano-bench.yaml`). A path that
+    names no file (`./mine.yaml`) is an error, never quietly a shipped recipe of that name."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
     if path.is_file():
         return path
     shipped = shipped_recipes()
-    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
-    if (path.parent == Path(".") or path.parent == Path("recipes")) and stem in shipped:
-        return shipped[stem]
+    name = text.removeprefix("recipes/").removesuffix(".yaml")
+    is_name = "/" not in text and not text.endswith((".yaml", ".yml"))
+    if (is_name or text.startswith("recipes/")) and name in shipped:
+        return shipped[name]
     raise RecipeError(
-        f"no recipe {str(name_or_path)!r}: not a file, and not one of the shipped recipes "
-        f"({', '.join(shipped)})"
+        f"no recipe {text!r}: not a file, and not one of the shipped recipes ({', '.join(shipped)})"
     )
 
 

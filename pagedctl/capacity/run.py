@@ -222,7 +222,7 @@ class CapacityRun:
 
     def stem(self) -> str:
         name = self.s.get("name") or "-".join(
-            x for x in (Path(str(self.s["model"])).stem, self.s.get("gpu")) if x
+            x for x in (_model_stem(str(self.s["model"])), self.s.get("gpu")) if x
         )
         return "capacity-" + re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-")
 
@@ -298,3 +298,10 @@ def figures(run: CapacityRun) -> dict[str, float]:
         if rs.get("exact") and rs["exact"].refused:
             f[f"sim.paged_over_exact_refusals@{load:g}"] = rs["paged"].refused / rs["exact"].refused
     return f
+
+
+def _model_stem(model: str) -> str:
+    """A model's name for file names: a folder's or a config file's name, a preset as it is
+    (`qwen2.5-0.5b-instruct` keeps its dots)."""
+    name = Path(model).name
+    return name.removesuffix(".json") if name.endswith(".json") else name
