@@ -39,7 +39,7 @@ def trace_jit(path: Path) -> None:
 
     import triton
 
-    from pagedctl.engine.llm import LLM
+    from pagedctl.engine import LLM
 
     misses: list[list] = []
     marks: dict[str, float] = {}

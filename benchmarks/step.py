@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.kernel_timing import copy_bandwidth
 from pagedctl.engine import SamplingParams
-from pagedctl.engine.llm import LLM
+from pagedctl.engine import LLM
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:

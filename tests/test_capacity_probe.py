@@ -35,7 +35,7 @@ def fake_memory(g: float) -> dict:
 
 
 class FakeLLM:
-    """Stands in for engine.llm.LLM: records how it was built and reconfigured."""
+    """Stands in for pagedctl.engine.LLM: records how it was built and reconfigured."""
 
     built: ClassVar[list[dict]] = []
 

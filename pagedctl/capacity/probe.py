@@ -75,7 +75,7 @@ def probe_engine(
     """`LLM(...).memory` at each memory fraction (one model load, `reconfigure` for the rest),
     with or without step graphs, as the estimate counts them."""
     if make_llm is None:
-        from pagedctl.engine.llm import LLM as make_llm
+        from pagedctl.engine import LLM as make_llm
     llm = make_llm(
         model,
         load_format="dummy",
