@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.kernel_timing import copy_bandwidth
-from pagedctl.engine import SamplingParams
-from pagedctl.engine import LLM
+from pagedctl.engine import LLM, SamplingParams
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
