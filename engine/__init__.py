@@ -1,47 +1,48 @@
 """The paged engine as a library: `LLM` runs requests on a model through a paged KV cache.
 
 Its public surface is what this module exports; the allocator classes are part of it because
-`pagedctl capacity` simulates on them (the real allocator, not a copy).
+`pagedctl capacity` simulates on them (the real allocator, not a copy). Names load on first use,
+so reading a setting (`pagedctl.engine.config`) or the CLI's `--help` never imports torch.
 """
 
-from pagedctl.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
-from pagedctl.engine.config import (
-    CacheConfig,
-    ConfigError,
-    EngineConfig,
-    SchedulerConfig,
-    Setting,
-)
-from pagedctl.engine.kv_cache_manager import KVCacheManager, PrefixCacheStats
-from pagedctl.engine.llm import LLM
-from pagedctl.engine.model_source import resolve_model
-from pagedctl.engine.outputs import CompletionOutput, RequestOutput
-from pagedctl.engine.sampling_params import SamplingParams
-from pagedctl.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
-from pagedctl.engine.sequence import Sequence, SequenceStatus
-from pagedctl.engine.weights import ModelNotFoundError, UnsupportedModelError
+from __future__ import annotations
 
-__all__ = [
-    "LLM",
-    "BlockPool",
-    "CacheConfig",
-    "CompletionOutput",
-    "ConfigError",
-    "EngineConfig",
-    "FreeKVCacheBlockQueue",
-    "KVCacheBlock",
-    "KVCacheManager",
-    "ModelNotFoundError",
-    "PrefixCacheStats",
-    "RequestOutput",
-    "SamplingParams",
-    "Scheduler",
-    "SchedulerConfig",
-    "SchedulerOutput",
-    "SchedulerStats",
-    "Sequence",
-    "SequenceStatus",
-    "Setting",
-    "UnsupportedModelError",
-    "resolve_model",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {  # name -> module of this package that defines it
+    "LLM": "llm",
+    "BlockPool": "block_pool",
+    "CacheConfig": "config",
+    "CompletionOutput": "outputs",
+    "ConfigError": "config",
+    "EngineConfig": "config",
+    "FreeKVCacheBlockQueue": "block_pool",
+    "KVCacheBlock": "block_pool",
+    "KVCacheManager": "kv_cache_manager",
+    "ModelNotFoundError": "weights",
+    "PrefixCacheStats": "kv_cache_manager",
+    "RequestOutput": "outputs",
+    "SamplingParams": "sampling_params",
+    "Scheduler": "scheduler",
+    "SchedulerConfig": "config",
+    "SchedulerOutput": "scheduler",
+    "SchedulerStats": "scheduler",
+    "Sequence": "sequence",
+    "SequenceStatus": "sequence",
+    "Setting": "config",
+    "UnsupportedModelError": "weights",
+    "resolve_model": "model_source",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *__all__]

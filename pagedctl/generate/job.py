@@ -31,7 +31,6 @@ from pagedctl.generate.runctl import (
     manifest_path,
 )
 from pagedctl.generate.store import CorruptResults, ResultStore
-from pagedctl.models.bundled import engine_settings
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_DATAERR, EXIT_TEMPFAIL, EXIT_SIGINT = 0, 3, 64, 65, 75, 130
 EXIT_CODES = {
@@ -158,6 +157,7 @@ class GenerateJob:
         if self.llm is not None:
             return self.llm
         from pagedctl.engine import LLM
+        from pagedctl.models.bundled import engine_settings
 
         try:
             self.llm = LLM(**engine_settings(self.s.engine))
