@@ -40,6 +40,14 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
+        for name in ("n", "top_k", "max_tokens"):
+            _require(name, getattr(self, name), int)
+        for name in ("temperature", "top_p", "min_p"):
+            _require(name, getattr(self, name), int | float)
+        if self.seed is not None:
+            _require("seed", self.seed, int)
+        if not all(isinstance(s, str) for s in self.stop):
+            raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.temperature < 0:
@@ -60,3 +68,10 @@ class SamplingParams:
 
     def is_stop_token(self, token_id: int) -> bool:
         return token_id in self._stop_ids
+
+
+def _require(name: str, value: object, kind: type) -> None:
+    """TypeError unless `value` is a `kind` (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        noun = "an integer" if kind is int else "a number"
+        raise TypeError(f"{name} must be {noun}, got {value!r}")

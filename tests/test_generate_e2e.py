@@ -219,3 +219,34 @@ def test_quiet_and_json_logs(tmp_path):
     events = [json.loads(line) for line in logged.stderr.splitlines() if line.startswith("{")]
     assert events[0]["event"] == "start" and events[-1]["event"] == "summary"
     assert events[-1]["ok"] == 1 and events[-1]["output_tokens"] == 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "recipe", "message"),
+    [
+        (["--temperature", "-1"], None, "temperature must be >= 0"),
+        (["--top-p", "5"], None, "top_p must be in (0, 1]"),
+        (["--max-tokens", "0"], None, "max_tokens must be >= 1"),
+        ([], "sampling: {temperature: hot}\n", "temperature must be a number, got 'hot'"),
+        ([], "engine: {block_size: sixteen}\n", "block_size must be an integer >= 1"),
+        (["--max-num-seqs", "0"], None, "max_num_seqs must be an integer >= 1, got 0"),
+        (["--max-model-len", "0"], None, "max_model_len must be an integer >= 1, got 0"),
+        (["--gpu-memory-utilization", "1.5"], None, "must be a number in (0, 1]"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_is_loaded_or_written(
+    tmp_path, flags, recipe, message
+):
+    """Exit 64 with one line, and no output, errors file, manifest or lock left behind: the
+    corrected rerun is a first run, not "different settings"."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"custom_id": "a", "prompt": "Hi", "max_tokens": 3}])
+    args = [src, "--model", "no-such-model-is-ever-loaded", *flags]
+    if recipe is not None:
+        (tmp_path / "r.yaml").write_text(recipe)
+        args += ["--recipe", tmp_path / "r.yaml"]
+    res = run(*args)
+    assert res.returncode == 64, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["in.jsonl"] + (["r.yaml"] if recipe else [])
+    )

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pagedctl.engine.config import ConfigError, EngineConfig
+from pagedctl.engine.sampling_params import SamplingParams
 from pagedctl.generate.job import (
     EXIT_CODES,
     EXIT_SIGINT,
@@ -95,6 +96,10 @@ def generate(
         "sampling_ignore_eos": ignore_eos,
     }
     settings = merge(doc, flags, engine or {}, base=recipe.parent if recipe else None)
+    try:  # the sampling defaults every line inherits, checked before anything is written
+        SamplingParams(**settings.sampling)
+    except (TypeError, ValueError) as e:
+        _fail(EXIT_USAGE, f"sampling defaults: {e}")
     try:
         job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format)
         summary = job.run()
