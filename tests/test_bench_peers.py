@@ -188,7 +188,7 @@ def test_no_arguments_print_help_and_subcommands_still_work():
 )
 def test_bad_input_is_one_clear_error(args, message):
     res = _cli(*args)
-    assert res.returncode == 2
+    assert res.returncode == 64
     assert message in " ".join(res.stderr.split()), res.stderr
     assert "Traceback" not in res.stderr
 
@@ -196,13 +196,13 @@ def test_bad_input_is_one_clear_error(args, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_cuda_recipe_without_cuda_is_a_clear_error():
     res = _cli("--recipe", RECIPES / "nano-bench.yaml")
-    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.returncode == 64 and "Traceback" not in res.stderr
     assert "recipes/nano-bench-cpu.yaml" in " ".join(res.stderr.split())
 
 
 def test_unknown_model_is_a_clear_error(tmp_path):
     res = _cli("--recipe", _write(tmp_path, "model: no-such-model\ndevice: cpu\n"))
-    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.returncode == 64 and "Traceback" not in res.stderr
     assert "no-such-model" in res.stderr
 
 

@@ -165,13 +165,13 @@ def test_without_a_tokenizer_prompts_are_estimated(tmp_path: Path) -> None:
 )
 def test_bad_input_is_one_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
     code, out = invoke(*args, "--out", tmp_path)
-    assert code == 2
+    assert code == 64
     assert message in out
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
     p = capacity("--model", "no-such-model", "--gpu", "t4", "--out", tmp_path)
-    assert p.returncode == 2 and p.stderr.startswith("error: model 'no-such-model' not found")
+    assert p.returncode == 64 and p.stderr.startswith("error: model 'no-such-model' not found")
     assert "Traceback" not in p.stderr and not list(tmp_path.iterdir())
 
 
@@ -179,7 +179,7 @@ def test_recipe_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: tiny-llama\ngpu: t4\nblock_sizes: [16]\n")
     code, out = invoke("--recipe", recipe, "--out", tmp_path)
-    assert code == 2 and "unknown keys ['block_sizes']" in out
+    assert code == 64 and "unknown keys ['block_sizes']" in out
 
 
 def test_the_step_graphs_pool_counts_unless_graphs_are_off(tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_the_step_graphs_pool_counts_unless_graphs_are_off(tmp_path: Path) -> No
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: tiny-llama\ngpu: t4\ncuda_graphs: maybe\n")
     code, out = invoke("--recipe", recipe, "--out", tmp_path)
-    assert code == 2 and "cuda_graphs: expected true or false" in out
+    assert code == 64 and "cuda_graphs: expected true or false" in out
 
 
 def test_plot_writes_charts(tmp_path: Path) -> None:
@@ -237,7 +237,7 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:
         "from pagedctl.cli import main; main()"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert p.returncode == 2 and "pip install 'pagedctl[plot]'" in p.stderr
+    assert p.returncode == 64 and "pip install 'pagedctl[plot]'" in p.stderr
 
 
 def test_bench_command_writes_its_figure(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedctl.generate.job import EXIT_DATAERR, GenerateJob, JobExit, exit_code_for
+from pagedctl.exits import EXIT_DATAERR
+from pagedctl.generate.job import GenerateJob, JobExit, exit_code_for
 from pagedctl.generate.recipe import JobSettings
 from tests.job_utils import read_jsonl
 

@@ -116,13 +116,13 @@ def test_a_failing_point_is_a_row_and_every_failure_exits_1(tmp_path):
 )
 def test_bad_input_is_one_line_not_a_traceback(args, message):
     res = sweep_cli(*args, "--out", "/nonexistent-never-written")
-    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.returncode == 64 and "Traceback" not in res.stderr
     assert message in flat(res.stderr), res.stderr
 
 
 def test_plot_without_matplotlib_says_how_to_install():
     res = sweep_cli("--plot", prelude="import sys; sys.modules['matplotlib'] = None; ")
-    assert res.returncode == 2 and "pip install 'pagedctl[plot]'" in flat(res.stderr)
+    assert res.returncode == 64 and "pip install 'pagedctl[plot]'" in flat(res.stderr)
 
 
 def write(tmp_path: Path, doc: dict) -> Path:

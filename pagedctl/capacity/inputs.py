@@ -17,8 +17,7 @@ from pagedctl.capacity.lengths import Lengths, LengthsError, from_distribution, 
 from pagedctl.capacity.model import ModelFootprint, ModelSpecError, dtype_bytes, resolve_footprint
 from pagedctl.capacity.recipe import as_list
 from pagedctl.engine.kv_sizing import parse_bytes
-
-EXIT_USAGE = 2
+from pagedctl.exits import EXIT_USAGE
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

@@ -14,14 +14,8 @@ from rich.table import Table
 
 from pagedctl.engine.config import ConfigError, EngineConfig
 from pagedctl.engine.sampling_params import SamplingParams
-from pagedctl.generate.job import (
-    EXIT_CODES,
-    EXIT_SIGINT,
-    EXIT_USAGE,
-    GenerateJob,
-    JobExit,
-    exit_code_for,
-)
+from pagedctl.exits import EXIT_CODES, EXIT_SIGINT, EXIT_USAGE
+from pagedctl.generate.job import GenerateJob, JobExit, exit_code_for
 from pagedctl.generate.recipe import load_recipe, merge
 from pagedctl.options import engine_flags
 from pagedctl.recipe_file import RecipeError, find_recipe

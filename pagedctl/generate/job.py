@@ -18,6 +18,14 @@ from typing import Any
 
 from pagedctl import __version__
 from pagedctl.engine import SamplingParams
+from pagedctl.exits import (
+    EXIT_DATAERR,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_SIGINT,
+    EXIT_TEMPFAIL,
+    EXIT_USAGE,
+)
 from pagedctl.generate.progress import Reporter
 from pagedctl.generate.reader import JobRequest, LineError, ReaderLimits, count_lines, read_requests
 from pagedctl.generate.recipe import JobSettings
@@ -31,16 +39,6 @@ from pagedctl.generate.runctl import (
     manifest_path,
 )
 from pagedctl.generate.store import CorruptResults, ResultStore
-
-EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_DATAERR, EXIT_TEMPFAIL, EXIT_SIGINT = 0, 3, 64, 65, 75, 130
-EXIT_CODES = {
-    EXIT_OK: "every line succeeded",
-    EXIT_PARTIAL: "finished, some lines are in the errors file",
-    EXIT_USAGE: "usage: bad flags or recipe, unknown model, settings differ from the manifest",
-    EXIT_DATAERR: "the input is unusable as a whole: not a readable file, or no valid line",
-    EXIT_TEMPFAIL: "retry later: another run holds the lock, or SIGTERM stopped this one",
-    EXIT_SIGINT: "interrupted by SIGINT (Ctrl-C); rerun to resume",
-}
 
 
 class JobExit(Exception):

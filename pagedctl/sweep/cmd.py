@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pagedctl.exits import EXIT_USAGE
 from pagedctl.options import axis_flags, engine_flags, flag_of
 from pagedctl.recipe_file import RecipeError, find_recipe
 from pagedctl.sweep.recipe import (
@@ -241,7 +242,7 @@ def _run(spec: SweepRecipe, out: Path, plot: bool, quiet: bool) -> None:
         llm = load_engine(spec)
     except SweepError as e:
         Console(stderr=True).print(f"error: {e}", highlight=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     info = engine_info(llm)
     where = info.get("gpu") or info["device"]
     say(f"{info['model']} ({info['load_format']}, {info['dtype']}) on {where}")
@@ -253,7 +254,7 @@ def _run(spec: SweepRecipe, out: Path, plot: bool, quiet: bool) -> None:
         result = run_sweep(spec, llm, progress)
     except RecipeError as e:  # a workload that cannot be drawn or read
         Console(stderr=True).print(f"error: {e}", highlight=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     command = "pagedctl " + shlex.join(sys.argv[1:])
     doc = to_doc(result, command, {**environment(), **result.engine_info})
     for exp in doc["experiments"]:
