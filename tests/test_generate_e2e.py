@@ -250,3 +250,14 @@ def test_bad_settings_are_refused_before_anything_is_loaded_or_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["in.jsonl"] + (["r.yaml"] if recipe else [])
     )
+
+
+def test_the_errors_file_follows_a_given_output(tmp_path):
+    src = write_jsonl(
+        tmp_path / "in.jsonl", ["{", {"custom_id": "a", "prompt": "Hi", "max_tokens": 2}]
+    )
+    (tmp_path / "elsewhere").mkdir()
+    res = run(src, *FAST, "-o", tmp_path / "elsewhere" / "x.out.jsonl")
+    assert res.returncode == 3, res.stderr
+    assert len(read_jsonl(tmp_path / "elsewhere" / "x.errors.jsonl")) == 1
+    assert not (tmp_path / "in.errors.jsonl").exists()

@@ -63,11 +63,18 @@ class JobCounts:
 
 
 def output_paths(settings: JobSettings) -> tuple[Path, Path]:
-    """`<stem>.out.jsonl` and `<stem>.errors.jsonl` beside the input unless given."""
+    """`<stem>.out.jsonl` and `<stem>.errors.jsonl` beside the input unless given; the errors
+    file follows a given output (`-o x.out.jsonl` alone: `x.errors.jsonl` beside it)."""
     src = settings.input
     stem = src.name.removesuffix(".jsonl").removesuffix(".json")
     out = settings.output or src.with_name(f"{stem}.out.jsonl")
-    err = settings.errors or src.with_name(f"{stem}.errors.jsonl")
+    if settings.errors is not None:
+        err = settings.errors
+    elif settings.output is not None:
+        out_stem = out.name.removesuffix(".jsonl").removesuffix(".json").removesuffix(".out")
+        err = out.with_name(f"{out_stem}.errors.jsonl")
+    else:
+        err = src.with_name(f"{stem}.errors.jsonl")
     resolved = {p.resolve() for p in (src, out, err)}
     if len(resolved) < 3:
         raise JobExit(EXIT_USAGE, f"input {src}, output {out} and errors {err} must all differ")
