@@ -261,3 +261,16 @@ def test_the_errors_file_follows_a_given_output(tmp_path):
     assert res.returncode == 3, res.stderr
     assert len(read_jsonl(tmp_path / "elsewhere" / "x.errors.jsonl")) == 1
     assert not (tmp_path / "in.errors.jsonl").exists()
+
+
+def test_log_lines_are_verbatim_and_json_mode_ends_in_an_error_event(tmp_path):
+    folder = tmp_path / "a[" / "b]c [bold]x"  # the path holds Rich's "[/b]" and "[bold]"
+    folder.mkdir(parents=True)
+    src = write_jsonl(folder / "in.jsonl", [{"custom_id": "a", "prompt": "Hi", "max_tokens": 2}])
+    res = run(src, *FAST)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert str(folder) in res.stderr  # printed as it is, markup and all, on one line
+    missing = run(tmp_path / "nowhere.jsonl", "--log-format", "json")
+    lines = [json.loads(line) for line in missing.stderr.splitlines()]
+    assert missing.returncode == 65 and lines[-1]["event"] == "error"
+    assert lines[-1]["exit_code"] == 65 and "nowhere.jsonl" in lines[-1]["message"]

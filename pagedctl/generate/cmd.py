@@ -11,6 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pagedctl.engine.config import ConfigError, EngineConfig
 from pagedctl.engine.sampling_params import SamplingParams
@@ -74,7 +75,7 @@ def generate(
         doc = load_recipe(recipe) if recipe else {}
         EngineConfig.from_mapping({**doc.get("engine", {}), **(engine or {})})
     except (RecipeError, ConfigError) as e:
-        _fail(EXIT_USAGE, str(e))
+        _fail(EXIT_USAGE, str(e), log_format)
     flags = {
         "input": input,
         "output": output,
@@ -93,14 +94,14 @@ def generate(
     try:  # the sampling defaults every line inherits, checked before anything is written
         SamplingParams(**settings.sampling)
     except (TypeError, ValueError) as e:
-        _fail(EXIT_USAGE, f"sampling defaults: {e}")
+        _fail(EXIT_USAGE, f"sampling defaults: {e}", log_format)
     try:
         job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format)
         summary = job.run()
     except JobExit as e:
-        _fail(e.code, str(e))
+        _fail(e.code, str(e), log_format)
     except KeyboardInterrupt:
-        _fail(EXIT_SIGINT, "interrupted twice: stopped at once; rerun to resume")
+        _fail(EXIT_SIGINT, "interrupted twice: stopped at once; rerun to resume", log_format)
     code = exit_code_for(summary)
     _report(summary, settings.summary_json, quiet and code == 0, log_format)
     raise typer.Exit(code)
@@ -114,8 +115,14 @@ def _configure_logging(quiet: bool, log_format: str) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-def _fail(code: int, message: str) -> None:
-    Console(stderr=True).print(f"error: {message}", highlight=False)
+def _fail(code: int, message: str, log_format: str = "text") -> None:
+    """One line on stderr, verbatim (a JSON `error` event with the exit code in JSON mode)."""
+    if log_format == "json":
+        print(
+            json.dumps({"event": "error", "exit_code": code, "message": message}), file=sys.stderr
+        )
+    else:
+        print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 
 
@@ -129,7 +136,7 @@ def _report(summary: dict, path: Path | None, quiet: bool, log_format: str) -> N
         return
     table = Table(title="pagedctl generate", show_header=False)
     table.add_column("", style="bold")
-    table.add_column("", justify="right")
+    table.add_column("", justify="right", overflow="fold")  # a long path folds, never "…"
     rows = [
         (
             "requests (ok / failed / skipped)",
@@ -151,5 +158,5 @@ def _report(summary: dict, path: Path | None, quiet: bool, log_format: str) -> N
         ("results / errors", f"{summary['output']} / {summary['errors']}"),
     ]
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, Text(value))  # verbatim: a path may hold "[/b]"
     Console().print(table)

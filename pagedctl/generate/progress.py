@@ -45,7 +45,8 @@ class Reporter:
             print(json.dumps(line, default=str), file=sys.stderr, flush=True)
         else:
             detail = " ".join(f"{k}={v}" for k, v in fields.items())
-            self.err.print(f"{level}: {event} {detail}".rstrip(), highlight=False)
+            # verbatim: no markup (a path may hold "[/b]"), no wrapping into a cron log
+            print(f"{level}: {event} {detail}".rstrip(), file=sys.stderr, flush=True)
 
     def update(self, done: int, **stats: Any) -> None:
         """Called as requests finish; the bar redraws, log lines come every `interval_s`."""
