@@ -274,3 +274,17 @@ def test_log_lines_are_verbatim_and_json_mode_ends_in_an_error_event(tmp_path):
     lines = [json.loads(line) for line in missing.stderr.splitlines()]
     assert missing.returncode == 65 and lines[-1]["event"] == "error"
     assert lines[-1]["exit_code"] == 65 and "nowhere.jsonl" in lines[-1]["message"]
+
+
+def test_an_output_linked_to_the_input_is_refused_and_nothing_changes(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"custom_id": "a", "prompt": "Hi", "max_tokens": 2}])
+    before = src.read_bytes()
+    (tmp_path / "hard.jsonl").hardlink_to(src)
+    (tmp_path / "soft.jsonl").symlink_to(src)
+    for link in ("hard.jsonl", "soft.jsonl"):
+        res = run(src, "-o", tmp_path / link)
+        assert res.returncode == 64 and "must all differ" in res.stderr, res.stderr
+        res = run(src, "--errors", tmp_path / link)
+        assert res.returncode == 64 and "must all differ" in res.stderr, res.stderr
+    assert src.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.jsonl", "in.jsonl", "soft.jsonl"]

@@ -75,10 +75,19 @@ def output_paths(settings: JobSettings) -> tuple[Path, Path]:
         err = out.with_name(f"{out_stem}.errors.jsonl")
     else:
         err = src.with_name(f"{stem}.errors.jsonl")
-    resolved = {p.resolve() for p in (src, out, err)}
-    if len(resolved) < 3:
+    ids = {_identity(p) for p in (src, out, err)}
+    if len(ids) < 3:  # by path, and by file: a hard link or a symlink to the input is the input
         raise JobExit(EXIT_USAGE, f"input {src}, output {out} and errors {err} must all differ")
     return out, err
+
+
+def _identity(path: Path) -> tuple:
+    """An existing file's (device, inode), else its resolved path."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path.resolve()),)
+    return (st.st_dev, st.st_ino)
 
 
 class GenerateJob:
