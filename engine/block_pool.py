@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pagedctl.engine.block_hash import BlockHash
+from .block_hash import BlockHash
 
 
 class KVCacheBlock:

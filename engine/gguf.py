@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from pagedctl.engine.weights import (
+from .weights import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
 )

@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pagedctl.engine.block_hash import (
+from .block_hash import (
     BlockHash,
     extend_block_hashes,
     hash_block_tokens,
     root_hash,
     shared_block_prefix,
 )
-from pagedctl.engine.block_pool import BlockPool, KVCacheBlock
-from pagedctl.engine.config import CacheConfig
-from pagedctl.engine.sequence import Sequence
+from .block_pool import BlockPool, KVCacheBlock
+from .config import CacheConfig
+from .sequence import Sequence
 
 CopyOp = tuple[int, int]  # (source block id, destination block id)
 RECENT_CHAINS = 16  # sequences, by first block, whose hash chains new sequences may start from

@@ -61,7 +61,7 @@ class KVLayout:
     @classmethod
     def from_config(cls, hf_config: object, dtype_bytes: int = 2) -> KVLayout:
         """The layout of a Hugging Face model config (16-bit KV by default)."""
-        from pagedctl.engine.models.layers import model_spec
+        from .models.layers import model_spec
 
         spec = model_spec(hf_config)
         return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype_bytes)

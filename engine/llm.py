@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pagedctl.engine.config import (
+from .config import (
     NAMES,
     SETTINGS,
     CacheConfig,
@@ -19,18 +19,18 @@ from pagedctl.engine.config import (
     SchedulerConfig,
     default_step_limits,
 )
-from pagedctl.engine.device import resolve_device, resolve_dtype
-from pagedctl.engine.kv_sizing import KVLayout, format_bytes, max_concurrency
-from pagedctl.engine.model_runner import ModelRunner
-from pagedctl.engine.model_source import resolve_model
-from pagedctl.engine.models import build_model
-from pagedctl.engine.outputs import RequestOutput
-from pagedctl.engine.pool_sizing import kv_cache_blocks, resolve_max_model_len
-from pagedctl.engine.requests import PromptInput, RequestTracker
-from pagedctl.engine.sampling_params import SamplingParams
-from pagedctl.engine.scheduler import Scheduler
-from pagedctl.engine.sequence import SequenceStatus
-from pagedctl.engine.weights import iter_weights, load_tokenizer
+from .device import resolve_device, resolve_dtype
+from .kv_sizing import KVLayout, format_bytes, max_concurrency
+from .model_runner import ModelRunner
+from .model_source import resolve_model
+from .models import build_model
+from .outputs import RequestOutput
+from .pool_sizing import kv_cache_blocks, resolve_max_model_len
+from .requests import PromptInput, RequestTracker
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import SequenceStatus
+from .weights import iter_weights, load_tokenizer
 
 logger = logging.getLogger("pagedctl.engine")
 

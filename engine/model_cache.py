@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from pagedctl.engine.gguf import MANIFEST, GGUFConversionError, convert_gguf, sha256_file
-from pagedctl.engine.weights import (
+from .gguf import MANIFEST, GGUFConversionError, convert_gguf, sha256_file
+from .weights import (
     expected_weight_shapes,
     iter_weights,
     load_tokenizer,

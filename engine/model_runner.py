@@ -24,13 +24,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pagedctl.engine.models.attention import AttentionMetadata
-from pagedctl.engine.sampler import Sampler, make_generator
-from pagedctl.engine.scheduler import SchedulerOutput
-from pagedctl.engine.sequence import Sequence
-from pagedctl.engine.staging import Staging
-from pagedctl.engine.step_graphs import MAX_GRAPH_BATCH, StepGraphs
-from pagedctl.kernels import empty_kv_cache, graph_capturable
+from ..kernels import empty_kv_cache, graph_capturable
+from .models.attention import AttentionMetadata
+from .sampler import Sampler, make_generator
+from .scheduler import SchedulerOutput
+from .sequence import Sequence
+from .staging import Staging
+from .step_graphs import MAX_GRAPH_BATCH, StepGraphs
 
 logger = logging.getLogger("pagedctl.engine")
 

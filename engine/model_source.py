@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pagedctl.engine.config import LOAD_FORMATS
-from pagedctl.engine.model_cache import cache_dir, convert_gguf_cached
-from pagedctl.engine.weights import (
+from .config import LOAD_FORMATS
+from .model_cache import cache_dir, convert_gguf_cached
+from .weights import (
     ModelNotFoundError,
     ModelSource,
     hf_snapshot,

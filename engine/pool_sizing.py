@@ -11,8 +11,8 @@ import logging
 
 import torch
 
-from pagedctl.engine.device import default_cpu_kv_bytes
-from pagedctl.engine.kv_sizing import KVLayout, format_bytes, parse_bytes
+from .device import default_cpu_kv_bytes
+from .kv_sizing import KVLayout, format_bytes, parse_bytes
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -40,7 +40,7 @@ def kv_cache_blocks(
     if kv_cache_memory is not None:
         budget = parse_bytes(kv_cache_memory)
     elif device.type == "cuda":
-        from pagedctl.engine.profiling import cuda_kv_budget
+        from .profiling import cuda_kv_budget
 
         budget, figures = cuda_kv_budget(
             model,

@@ -6,10 +6,10 @@ import logging
 
 import torch
 
-from pagedctl.engine.config import DEFAULTS
-from pagedctl.engine.kv_sizing import format_bytes
-from pagedctl.engine.models.attention import AttentionMetadata
-from pagedctl.kernels import empty_kv_cache
+from ..kernels import empty_kv_cache
+from .config import DEFAULTS
+from .kv_sizing import format_bytes
+from .models.attention import AttentionMetadata
 
 logger = logging.getLogger("pagedctl.engine")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from pagedctl.engine.detokenizer import IncrementalDetokenizer
-from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagedctl.engine.sampling_params import SamplingParams
-from pagedctl.engine.scheduler import Scheduler, SchedulerOutput
-from pagedctl.engine.sequence import Sequence, SequenceStatus
+from .detokenizer import IncrementalDetokenizer
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence, SequenceStatus
 
 PromptInput = str | list[int] | dict
 

@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pagedctl.engine.config import CacheConfig, SchedulerConfig
-from pagedctl.engine.kv_cache_manager import CopyOp, KVCacheManager, cdiv
-from pagedctl.engine.sequence import Sequence, SequenceStatus
+from .config import CacheConfig, SchedulerConfig
+from .kv_cache_manager import CopyOp, KVCacheManager, cdiv
+from .sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -13,7 +13,7 @@ import enum
 import itertools
 from collections.abc import Sequence as Seq
 
-from pagedctl.engine.sampling_params import SamplingParams
+from .sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.IntEnum):

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pagedctl.engine.models.attention import AttentionMetadata, KVCache
+from .models.attention import AttentionMetadata, KVCache
 
 logger = logging.getLogger("pagedctl.engine")
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from pagedctl.kernels import reference
+from . import reference
 
 _NO_TRITON = (
     "the Triton kernels serve this call ({why}) and need the `triton` package, which is not "
@@ -98,7 +98,7 @@ def write_kv(
     """Store new K/V rows at their cache slots; contract in `kernels.reference.write_kv`."""
     if _use_triton(k_cache):
         with _needs_triton():
-            from pagedctl.kernels.triton_kv import write_kv as triton_write_kv
+            from .triton_kv import write_kv as triton_write_kv
 
         triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -128,7 +128,7 @@ def paged_attention(
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
     if _use_triton(q):
         with _needs_triton():
-            from pagedctl.kernels.triton_attention import paged_attention as triton_paged_attention
+            from .triton_attention import paged_attention as triton_paged_attention
 
         return triton_paged_attention(
             *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits
@@ -144,7 +144,7 @@ def rms_norm(
     """RMSNorm of `x` (or of `x + residual`, also returned); contract in `kernels.reference`."""
     if _use_triton(x):
         with _needs_triton():
-            from pagedctl.kernels.triton_fused import rms_norm as triton_rms_norm
+            from .triton_fused import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
@@ -154,7 +154,7 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) ->
     """Neox rotary embedding in place on q and k; contract in `kernels.reference.rotary`."""
     if _use_triton(q):
         with _needs_triton():
-            from pagedctl.kernels.triton_fused import rotary as triton_rotary
+            from .triton_fused import rotary as triton_rotary
 
         triton_rotary(q, k, cos, sin, positions)
         return
@@ -177,7 +177,7 @@ def rotary_write_kv(
     args = (q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping)
     if _use_triton(q):
         with _needs_triton():
-            from pagedctl.kernels.triton_fused import rotary_write_kv as triton_rotary_write_kv
+            from .triton_fused import rotary_write_kv as triton_rotary_write_kv
 
         triton_rotary_write_kv(*args)
         return
@@ -188,7 +188,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
     """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`."""
     if _use_triton(x):
         with _needs_triton():
-            from pagedctl.kernels.triton_fused import silu_and_mul as triton_silu_and_mul
+            from .triton_fused import silu_and_mul as triton_silu_and_mul
 
         return triton_silu_and_mul(x)
     return reference.silu_and_mul(x)
@@ -198,7 +198,7 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
     """Temperature sampling by inverse CDF, one uniform per row; contract in `kernels.reference`."""
     if _use_triton(logits):
         with _needs_triton():
-            from pagedctl.kernels.triton_sample import (
+            from .triton_sample import (
                 sample_temperature as triton_sample_temperature,
             )
 

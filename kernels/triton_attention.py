@@ -23,8 +23,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pagedctl.kernels.configs import AttentionConfig, lookup, pdl_capable, phase_of
-from pagedctl.kernels.triton_splits import _merge_splits, _split_counters, choose_num_splits
+from .configs import AttentionConfig, lookup, pdl_capable, phase_of
+from .triton_splits import _merge_splits, _split_counters, choose_num_splits
 
 LOG2E = 1.4426950408889634
 

@@ -24,8 +24,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from pagedctl.kernels import configs
-from pagedctl.kernels.triton_attention import _device_info
+from . import configs
+from .triton_attention import _device_info
 
 MAX_TILE = 1024  # elements per program tile (per operand) before a kernel loops or splits
 

@@ -14,8 +14,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from pagedctl.kernels import configs
-from pagedctl.kernels.triton_attention import _device_info
+from . import configs
+from .triton_attention import _device_info
 
 
 @triton.jit

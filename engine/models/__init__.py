@@ -1,8 +1,8 @@
 """Llama-family decoders (Llama, Qwen2, Qwen3) running on the paged KV cache."""
 
-from pagedctl.engine.models.attention import AttentionMetadata, PagedAttention
-from pagedctl.engine.models.layers import UnsupportedModelError
-from pagedctl.engine.models.llama import (
+from .attention import AttentionMetadata, PagedAttention
+from .layers import UnsupportedModelError
+from .llama import (
     SUPPORTED_ARCHITECTURES,
     LlamaForCausalLM,
     ModelSpec,

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from pagedctl.engine.models.layers import RotaryEmbedding
-from pagedctl.kernels import paged_attention, rotary_write_kv
+from ...kernels import paged_attention, rotary_write_kv
+from .layers import RotaryEmbedding
 
 KVCache = tuple[Tensor, Tensor]  # one layer's K and V, each [num_blocks, block_size, Hkv, D]
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pagedctl.kernels import rms_norm, silu_and_mul
+from ...kernels import rms_norm, silu_and_mul
 
 
 class Linear(nn.Module):

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pagedctl.engine.models.attention import AttentionMetadata, KVCache, PagedAttention
-from pagedctl.engine.models.layers import (
+from .attention import AttentionMetadata, KVCache, PagedAttention
+from .layers import (
     Embedding,
     GatedMLP,
     Linear,
