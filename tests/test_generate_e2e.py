@@ -28,7 +28,7 @@ def test_both_formats_chat_and_completions(tmp_path):
             "custom_id": "oa-chat",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": "x", "messages": CHAT, "max_tokens": 12},
+            "body": {"model": "SmolLM2-135M-Instruct", "messages": CHAT, "max_tokens": 12},
         },
         {
             "custom_id": "oa-completion",

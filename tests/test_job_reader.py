@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pagedctl.engine import SamplingParams
 from pagedctl.generate.reader import (
     ERROR_CODES,
+    InputError,
     JobRequest,
     LineError,
     ReaderLimits,
@@ -26,7 +27,9 @@ from pagedctl.generate.reader import (
     read_requests,
 )
 
-LIMITS = ReaderLimits(max_tokens_limit=4096, max_n=8, default_max_tokens=100)
+LIMITS = ReaderLimits(
+    max_tokens_limit=4096, max_n=8, default_max_tokens=100, models=frozenset({"m", "gpt-4o-mini"})
+)
 CHAT_URL, COMPLETION_URL = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]
 
@@ -98,6 +101,7 @@ def test_openai_chat_with_every_sampling_field(tmp_path: Path) -> None:
             "stop_token_ids": [2, 3],
             "ignore_eos": True,
             "logprobs": True,
+            "strict_max_tokens": True,
         },
     )
 
@@ -111,7 +115,8 @@ def test_openai_completion_with_every_sampling_field(tmp_path: Path) -> None:
         "completion", "Once", None, None)  # fmt: skip
     assert req.sampling == {"max_tokens": 5, "n": 8, "temperature": 1.5, "top_p": 1.0,
                             "min_p": 0.0, "top_k": 0, "seed": -3, "stop": ["\n"],
-                            "ignore_eos": False, "logprobs": True}  # fmt: skip
+                            "ignore_eos": False, "logprobs": True,
+                            "strict_max_tokens": True}  # fmt: skip
     assert SamplingParams(**req.sampling).stop == ("\n",)
 
 
@@ -139,7 +144,8 @@ def test_simple_forms_and_defaults(tmp_path: Path) -> None:
     ]
     chat, text, ids, plain = _read(tmp_path, lines)
     assert (chat.endpoint, chat.messages, chat.sampling) == (
-        "chat", USER, {"max_tokens": 9, "temperature": 0.2, "logprobs": False})  # fmt: skip
+        "chat", USER, {"max_tokens": 9, "strict_max_tokens": True, "temperature": 0.2,
+                       "logprobs": False})  # fmt: skip
     assert (text.custom_id, text.endpoint, text.prompt) == ("17", "completion", "p")
     assert text.sampling == {"max_tokens": 100, "n": 2, "top_k": 5, "seed": 1, "stop": [],
                              "logprobs": True}  # fmt: skip
@@ -154,15 +160,16 @@ def test_default_max_tokens_is_capped_by_the_limit(tmp_path: Path) -> None:
     assert _one(tmp_path, {"id": "a", "prompt": "p"}, limits).sampling == {"max_tokens": 64}
 
 
-def test_harmless_fields_are_ignored(tmp_path: Path) -> None:
+def test_harmless_fields_are_accepted(tmp_path: Path) -> None:
     body = {"messages": USER, "model": "m", "user": "u", "metadata": {"k": "v"}, "store": False,
-            "stream": False, "stream_options": {"include_usage": True}, "presence_penalty": 0,
+            "stream": False, "presence_penalty": 0, "priority": 3, "service_tier": "auto",
             "frequency_penalty": 0.0, "logit_bias": {}, "tools": [], "tool_choice": "none",
             "response_format": {"type": "text"}, "top_logprobs": 0, "max_tokens": 4,
             "max_completion_tokens": 4, "n": 2, "best_of": 2, "echo": False,
-            "something_new": [1], "cache_salt": "s"}  # fmt: skip
+            "length_penalty": 1.0, "chat_template_kwargs": {}, "cache_salt": "s"}  # fmt: skip
     req = _one(tmp_path, _batch(CHAT_URL, body))
-    assert req.sampling == {"max_tokens": 4, "n": 2}
+    assert req.sampling == {"max_tokens": 4, "strict_max_tokens": True, "n": 2, "cache_salt": "s"}
+    assert SamplingParams(**req.sampling).cache_salt == "s"
     assert "model" not in asdict(req)
 
 
@@ -235,6 +242,20 @@ ERROR_CASES: list[tuple[str, bytes | dict, str | None]] = [
     ("max_tokens_out_of_range", {"id": "a", "prompt": "p", "max_tokens": 0}, "a"),
     ("max_tokens_out_of_range", {"id": "a", "prompt": "p", "max_tokens": 4097}, "a"),
     ("max_tokens_out_of_range", {"id": "a", "messages": MSG, "max_completion_tokens": -1}, "a"),
+    ("duplicate_key", b'{"id": "a", "prompt": "p", "temperature": 0, "temperature": 2}', "a"),
+    ("duplicate_key", b'{"id": "a", "id": "b", "prompt": "p"}', None),
+    ("duplicate_key", b'{"id": "a", "messages": [{"role": "user", "role": "system",'
+                      b' "content": "x"}]}', "a"),
+    ("unknown_field", {"id": "a", "prompt": "p", "temprature": 0}, "a"),
+    ("unknown_field", {"id": "a", "prompt": "p", "max_token": 5}, "a"),
+    ("unknown_field", {"id": "a", "prompt": "p", "something_new": [1]}, "a"),
+    ("unknown_field", _batch(CHAT_URL, {"messages": MSG, "input": "x"}, "a"), "a"),
+    ("unknown_field", {**_batch(CHAT_URL, {"messages": MSG}, "a"), "max_tokens": 5}, "a"),
+    ("unknown_field", {**_batch(CHAT_URL, {"messages": MSG}, "a"), "extra": 1}, "a"),
+    ("model_not_found", _batch(CHAT_URL, {"messages": MSG, "model": "gpt-4o"}, "a"), "a"),
+    ("invalid_field", _batch(CHAT_URL, {"messages": MSG, "model": 4}, "a"), "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "cache_salt": ""}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "cache_salt": 5}, "a"),
     ("n_out_of_range", {"id": "a", "prompt": "p", "n": 0}, "a"),
     ("n_out_of_range", {"id": "a", "prompt": "p", "n": 9}, "a"),
     ("unsupported_field", {"id": "a", "prompt": "p", "presence_penalty": 0.5}, "a"),
@@ -245,6 +266,13 @@ ERROR_CASES: list[tuple[str, bytes | dict, str | None]] = [
                                             "response_format": {"type": "json_object"}}, "a"), "a"),
     ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "stream": True}, "a"), "a"),
     ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "top_logprobs": 2}, "a"), "a"),
+    ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "stream_options": {}}, "a"), "a"),
+    ("unsupported_field", {"id": "a", "prompt": "p", "length_penalty": 0.5}, "a"),
+    ("unsupported_field", {"id": "a", "prompt": "p", "max_new_tokens": 5}, "a"),
+    ("unsupported_field", {"id": "a", "prompt": "p", "stop_sequences": ["x"]}, "a"),
+    ("unsupported_field", {"id": "a", "prompt": "p", "do_sample": False}, "a"),
+    ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "chat_template_kwargs": {
+        "enable_thinking": False}}, "a"), "a"),
     ("unsupported_field", _batch(COMPLETION_URL, {"prompt": ["a", "b"]}, "a"), "a"),
     ("unsupported_field", _batch(COMPLETION_URL, {"prompt": "p", "echo": True}, "a"), "a"),
     ("unsupported_field", _batch(COMPLETION_URL, {"prompt": "p", "best_of": 3}, "a"), "a"),
@@ -299,9 +327,9 @@ def test_duplicate_custom_id_first_line_wins_even_when_it_failed(tmp_path: Path)
         {"id": "7", "prompt": "p"},
     ]
     got = [(i.line_no, getattr(i, "code", "ok"), i.custom_id) for i in _read(tmp_path, lines)]
-    assert got == [(1, "ok", "a"), (2, "duplicate_custom_id", None), (3, "n_out_of_range", "b"),
-                   (4, "duplicate_custom_id", None), (5, "duplicate_custom_id", None),
-                   (6, "ok", "7"), (7, "duplicate_custom_id", None)]  # fmt: skip
+    assert got == [(1, "ok", "a"), (2, "duplicate_custom_id", "a"), (3, "n_out_of_range", "b"),
+                   (4, "duplicate_custom_id", "b"), (5, "duplicate_custom_id", "a"),
+                   (6, "ok", "7"), (7, "duplicate_custom_id", "7")]  # fmt: skip
     assert _read(tmp_path, lines)[1].message == (
         'custom_id "a" is already used by an earlier line; make it unique'
     )
@@ -476,11 +504,16 @@ def test_fuzz_one_item_per_non_empty_line(tmp_path: Path, lines, endings, final)
     data = b"".join(line + next(ends) for line in lines)
     data = data if final or not data else data.rstrip(b"\r\n")
     limits = ReaderLimits(max_line_bytes=120, max_tokens_limit=30, max_n=3)
-    items = list(read_requests(_write(tmp_path, data), limits))
+    try:
+        items = list(read_requests(_write(tmp_path, data), limits))
+    except InputError:  # random bytes that begin like a compressed file or UTF-16 text
+        assert data[:1] in (b"\x1f", b"B", b"\xfd", b"(", b"P", b"\xff", b"\xfe", b"\x00")
+        return
     assert [i.line_no for i in items] == _expected_line_numbers(data, 120)
     assert count_lines(tmp_path / "in.jsonl") == (data.count(b"\n") + (data[-1:] not in b"\n"))
-    ids = [i.custom_id for i in items if i.custom_id is not None]
-    assert len(ids) == len(set(ids))  # one record per id: a result or an error
+    ids = [i.custom_id for i in items if getattr(i, "code", "") != "duplicate_custom_id"]
+    ids = [i for i in ids if i is not None]
+    assert len(ids) == len(set(ids))  # one record per id, besides the duplicates' errors
     for item in items:
         if isinstance(item, LineError):
             assert item.code in ERROR_CODES and item.message
@@ -490,3 +523,77 @@ def test_fuzz_one_item_per_non_empty_line(tmp_path: Path, lines, endings, final)
         given_ = [item.messages, item.prompt, item.prompt_token_ids]
         assert sum(g is not None for g in given_) == 1
         json.dumps(asdict(item), ensure_ascii=False).encode()  # writable as UTF-8
+
+
+# ---------------------------------------------------------------- fields, models, file kinds
+
+
+def test_unknown_fields_name_the_field_and_the_fix(tmp_path: Path) -> None:
+    got = _read(tmp_path, [
+        {"id": "a", "prompt": "p", "temprature": 0},
+        {**_batch(CHAT_URL, {"messages": MSG}, "b"), "max_tokens": 5},
+        {"id": "c", "prompt": "p", "max_new_tokens": 5},
+        b'{"id": "d", "prompt": "p", "top_p": 0.5, "top_p": 1}',
+        _batch(CHAT_URL, {"messages": MSG, "model": "gpt-4o"}, "e"),
+    ])  # fmt: skip
+    assert [e.message for e in got] == [
+        'unknown field "temprature" in the line; did you mean "temperature"?',
+        '"max_tokens" belongs inside body, not beside it',
+        '"max_new_tokens" is not an OpenAI field; use max_tokens',
+        'key "top_p" appears twice in one object; give it once',
+        'model "gpt-4o" is not served by this job (it serves "gpt-4o-mini", "m"); fix the line, '
+        "or run with --accept-any-model",
+    ]
+
+
+def test_any_model_when_no_names_are_given(tmp_path: Path) -> None:
+    line = _batch(CHAT_URL, {"messages": MSG, "model": "anything"})
+    assert isinstance(_one(tmp_path, line, ReaderLimits()), JobRequest)
+
+
+def test_a_given_max_tokens_is_strict_and_the_default_a_cap(tmp_path: Path) -> None:
+    given, default = _read(tmp_path, [{"id": "a", "prompt": "p", "max_tokens": 7},
+                                      {"id": "b", "prompt": "p"}])  # fmt: skip
+    assert SamplingParams(**given.sampling).strict_max_tokens
+    assert not SamplingParams(**default.sampling).strict_max_tokens
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bz2", "lzma"])
+def test_compressed_input_is_read_by_its_first_bytes(tmp_path: Path, kind: str) -> None:
+    module = __import__(kind)
+    data = b"".join(json.dumps({"id": str(i), "prompt": "p"}).encode() + b"\n" for i in range(5))
+    path = tmp_path / "in.jsonl"  # the name does not say: the bytes do
+    path.write_bytes(module.compress(data))
+    assert [r.custom_id for r in read_requests(path)] == ["0", "1", "2", "3", "4"]
+    assert count_lines(path) == 5
+
+
+def test_a_damaged_compressed_input_is_an_input_error(tmp_path: Path) -> None:
+    import gzip
+
+    lines = [json.dumps({"id": str(i), "prompt": "p" * 50}).encode() for i in range(2000)]
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress(b"\n".join(lines))[:3000])  # cut: the tail is missing
+    with pytest.raises(InputError, match="damaged"):
+        list(read_requests(path))
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [(b"\x28\xb5\x2f\xfd\x00", "zstd"), (b"PK\x03\x04", "zip"),
+     ('{"id": "a"}'.encode("utf-16"), "UTF-16"), (b"PAR1\x00", "Parquet")],
+)  # fmt: skip
+def test_files_that_are_not_jsonl_are_refused_whole(tmp_path: Path, head: bytes, why: str):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(head + b"\n" * 3)
+    with pytest.raises(InputError, match=why):
+        list(read_requests(path))
+
+
+def test_the_docs_list_every_field_and_code() -> None:
+    from pagedctl.generate.reader import ENGINE_ERROR_CODES
+    from pagedctl.generate.validate import FIELDS, OTHER_NAMES, UNSUPPORTED
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "jobs.md").read_text()
+    for name in [*FIELDS, *UNSUPPORTED, *OTHER_NAMES, *ERROR_CODES, *ENGINE_ERROR_CODES]:
+        assert f"`{name}`" in docs, name

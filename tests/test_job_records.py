@@ -87,6 +87,7 @@ ERROR_LINE = {
     "error": {"code": str, "message": str, "line": Opt(int)},
 }
 VOCAB = {1: "Hello", 2: ",", 3: " wörld", 4: "!", 5: "é"}
+VOCAB_BYTES = {i: t.encode() for i, t in VOCAB.items()} | {6: b"\xf0\x9f\x98", 7: b"\x80"}
 
 
 def request(*samples: CompletionOutput, prompt_len: int = 4, cached: int = 0) -> RequestOutput:
@@ -96,7 +97,7 @@ def request(*samples: CompletionOutput, prompt_len: int = 4, cached: int = 0) ->
 
 
 def sample(index: int, ids: list[int], finish: str = "stop", logprobs: list[float] | None = None):
-    text = "".join(VOCAB[t] for t in ids)
+    text = b"".join(VOCAB_BYTES[t] for t in ids).decode()
     stop_reason = 2 if finish == "stop" else None
     return CompletionOutput(index, text, ids, finish, stop_reason, logprobs)
 
@@ -158,7 +159,7 @@ def test_completion_record_n3_sorted_and_usage_summed() -> None:
 
 def test_chat_logprobs() -> None:
     out = request(sample(0, [5, 1], logprobs=[-0.5, -math.inf]))
-    body = roundtrip(ok_record("x", "chat", "m", out, token_text=VOCAB.__getitem__))
+    body = roundtrip(ok_record("x", "chat", "m", out, token_bytes=VOCAB_BYTES.__getitem__))
     check(body, line_schema(CHAT_BODY))
     assert body["response"]["body"]["choices"][0]["logprobs"] == {
         "content": [
@@ -170,7 +171,7 @@ def test_chat_logprobs() -> None:
 
 def test_completion_logprobs_and_token_id_fallback() -> None:
     out = request(sample(0, [1, 3, 4], logprobs=[-1.0, -0.25, 0.0]))
-    body = roundtrip(ok_record("x", "completion", "m", out, token_text=VOCAB.__getitem__))
+    body = roundtrip(ok_record("x", "completion", "m", out, token_bytes=VOCAB_BYTES.__getitem__))
     check(body, line_schema(TEXT_BODY))
     assert body["response"]["body"]["choices"][0]["logprobs"] == {
         "tokens": ["Hello", " wörld", "!"],
@@ -180,6 +181,17 @@ def test_completion_logprobs_and_token_id_fallback() -> None:
     }
     bare = roundtrip(ok_record("x", "completion", "m", out))["response"]["body"]
     assert bare["choices"][0]["logprobs"]["tokens"] == ["token_id:1", "token_id:3", "token_id:4"]
+
+
+def test_logprobs_of_a_character_split_over_tokens_carry_its_bytes() -> None:
+    """An emoji in two byte tokens: each shows as U+FFFD, but the bytes spell the emoji."""
+    out = request(sample(0, [1, 6, 7, 4], logprobs=[-1.0] * 4))
+    chat = roundtrip(ok_record("x", "chat", "m", out, token_bytes=VOCAB_BYTES.__getitem__))
+    content = chat["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["Hello", "\ufffd", "\ufffd", "!"]
+    assert bytes(b for c in content for b in c["bytes"]) == "Hello\U0001f600!".encode()
+    text = roundtrip(ok_record("x", "completion", "m", out, token_bytes=VOCAB_BYTES.__getitem__))
+    assert text["response"]["body"]["choices"][0]["logprobs"]["text_offset"] == [0, 5, 5, 6]
 
 
 def test_records_are_unique() -> None:

@@ -55,6 +55,12 @@ def generate(
     log_format: str = typer.Option("text", help="text or json (JSON lines on stderr)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
     force: bool = typer.Option(False, "--force", help="Resume even if the settings changed."),
+    accept_any_model: bool | None = typer.Option(
+        None,
+        "--accept-any-model",
+        help="Run lines whose body.model names another model (default: refuse them).",
+        show_default=False,
+    ),
     max_line_bytes: int | None = typer.Option(
         None, help="Longest input line in bytes.", show_default="4 MiB"
     ),
@@ -89,6 +95,7 @@ def generate(
         "sampling_min_p": min_p,
         "sampling_stop": list(stop) if stop else None,
         "sampling_ignore_eos": ignore_eos,
+        "accept_any_model": accept_any_model,
     }
     settings = merge(doc, flags, engine or {}, base=recipe.parent if recipe else None)
     try:  # the sampling defaults every line inherits, checked before anything is written

@@ -18,6 +18,7 @@ from typing import Any
 
 from pagedctl import __version__
 from pagedctl.engine import SamplingParams
+from pagedctl.engine.token_bytes import TokenBytes
 from pagedctl.exits import (
     EXIT_DATAERR,
     EXIT_OK,
@@ -104,6 +105,7 @@ class GenerateJob:
         self.counts = JobCounts()
         self.stop_signal: int | None = None
         self.llm = None
+        self._token_bytes_of: TokenBytes | None = None
 
     def run(self) -> dict[str, Any]:
         """Run the job; returns the summary. Raises JobExit for every non-zero ending."""
@@ -142,6 +144,7 @@ class GenerateJob:
             max_line_bytes=self.s.max_line_bytes,
             max_tokens_limit=llm.max_model_len,
             default_max_tokens=int(self.s.sampling.get("max_tokens", 256)),
+            models=None if self.s.accept_any_model else self._model_names(llm),
         )
         total = count_lines(self.s.input)
         self.report = Reporter(total, quiet=self.quiet, log_format=self.log_format)
@@ -225,7 +228,7 @@ class GenerateJob:
         if out.ok:
             try:
                 record = ok_record(
-                    out.request_id, endpoint, self.llm.model_name, out, self._token_text
+                    out.request_id, endpoint, self.llm.model_name, out, self._token_bytes
                 )
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")
@@ -239,9 +242,22 @@ class GenerateJob:
         store.write(error_record(out.request_id, code, out.error, line_no), ok=False)
         c.failed += 1
 
-    def _token_text(self, token_id: int) -> str:
-        tok = self.llm.tokenizer
-        return f"token_id:{token_id}" if tok is None else tok.decode([token_id])
+    @property
+    def _token_bytes(self) -> TokenBytes | None:
+        if self.llm.tokenizer is None:
+            return None
+        if self._token_bytes_of is None:
+            self._token_bytes_of = TokenBytes(self.llm.tokenizer)
+        return self._token_bytes_of
+
+    def _model_names(self, llm) -> frozenset[str]:
+        """The names a line's `model` may give: the served name; without one given, also the
+        model as named on the command line and its folder's name (as vLLM serves a model)."""
+        names = {llm.model_name}
+        given = self.s.engine.get("model")
+        if self.s.engine.get("served_model_name") is None and given is not None:
+            names |= {str(given), Path(str(given)).name, llm.source.name}
+        return frozenset(names)
 
     def _progress(self, llm, t0: float) -> None:
         c, sched = self.counts, llm.scheduler

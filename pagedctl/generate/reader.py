@@ -7,17 +7,27 @@ Two line forms, detected per line (a line with `body`, `url` or `method` is the 
 
 Choices worth knowing:
 - An integer id is taken as its decimal string. The first line that names an id owns it, even if
-  that line is an error; a later line with that id is a duplicate_custom_id error whose record
-  carries no custom_id, so every id has exactly one record (a result or an error).
-- The fields themselves are checked in `validate` (prompt forms, sampling defaults and aliases,
-  unsupported fields); this module finds the id, the form and the prompt field.
+  that line is an error; a later line with that id is a duplicate_custom_id error. Its record
+  carries the line's own id (OpenAI's output schema wants a string), so a reader joins results
+  on custom_id and error records on (custom_id, code) or on the line number.
+- A key given twice in one object is an error, not "the last one wins": JSON parsers disagree on
+  which wins, so the line does not say what it asks for.
+- The fields themselves are checked in `validate` (the accepted fields, prompt forms, sampling
+  defaults and aliases); this module finds the id, the form and the prompt field.
+- A gzip, bzip2 or xz file is read through its decompressor (found by its first bytes, whatever
+  its name); a file of another encoding or compression is refused as a whole (`InputError`).
 - The file is read in binary, one bounded line at a time: memory is O(max_line_bytes) plus the
   set of ids seen.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import json
+import lzma
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -25,6 +35,8 @@ from typing import Any, BinaryIO
 
 from pagedctl.generate.validate import (
     FieldError,
+    check_fields,
+    check_model,
     is_int,
     is_text,
     parse_messages,
@@ -41,6 +53,7 @@ ERROR_CODES: dict[str, str] = {
     "not_an_object": "the line is JSON but not an object",
     "missing_custom_id": "no custom_id (or id in the simple form), or it is empty",
     "duplicate_custom_id": "an earlier line already used this custom_id (the first one wins)",
+    "duplicate_key": "a key appears twice in one JSON object",
     "unknown_method": 'method is not "POST"',
     "unknown_url": "url is not /v1/chat/completions or /v1/completions",
     "missing_prompt": "none of prompt, messages, prompt_token_ids",
@@ -48,27 +61,47 @@ ERROR_CODES: dict[str, str] = {
     "invalid_messages": "messages is not a non-empty list of {role, content} text messages",
     "invalid_prompt": "prompt is not a non-empty string or list of token ids",
     "invalid_field": "a known field has a bad type or value",
+    "unknown_field": "a field that is not an accepted request field (a typo, or misplaced)",
+    "model_not_found": "model names another model than the one this job serves",
     "max_tokens_out_of_range": "max_tokens is below 1 or above the model's limit",
     "n_out_of_range": "n is below 1 or above the limit",
     "unsupported_field": "a field that would change the output, which pagedctl does not implement",
+}
+# Engine refusals that reach the errors file with their own code (see the engine's RequestOutput).
+ENGINE_ERROR_CODES: dict[str, str] = {
+    "context_length_exceeded": "the prompt plus max_tokens is over the engine's max_model_len",
+    "prompt_too_long": "the prompt alone leaves no room within max_model_len or the KV pool",
+    "empty_prompt": "the prompt renders to no token",
+    "token_out_of_vocab": "a token id is outside the model's vocabulary",
+    "no_tokenizer": "text or stop strings given to a model without a tokenizer",
+    "no_chat_template": "messages given to a model without a chat template",
+    "internal_error": "the engine failed on this request (the message says how); the job went on",
 }
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
 _BOM = b"\xef\xbb\xbf"
 
 
+class InputError(ValueError):
+    """The input file as a whole cannot be read as JSONL (its encoding or compression)."""
+
+
 @dataclass(frozen=True)
 class ReaderLimits:
-    """Per-line limits; `max_tokens_limit` is the engine's max_model_len."""
+    """Per-line limits; `max_tokens_limit` is the engine's max_model_len. `models` are the names
+    a line's `model` may give (None: any)."""
 
     max_line_bytes: int = 4 * 2**20
     max_tokens_limit: int = 32768
     max_n: int = 16
     default_max_tokens: int = 256
+    models: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "models":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ReaderLimits.{f.name} must be a positive integer, got {value!r}")
 
@@ -90,8 +123,7 @@ class JobRequest:
 class LineError:
     """One bad input line; `code` is a key of ERROR_CODES.
 
-    `custom_id` is the line's id when it could be read, except for duplicate_custom_id, where it is
-    None: the id belongs to the earlier line (the message names it).
+    `custom_id` is the line's id when it could be read (a duplicate's too), else None.
     """
 
     line_no: int
@@ -100,12 +132,64 @@ class LineError:
     message: str
 
 
+# First bytes of the compressed files read through a decompressor, and of those refused.
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+_REFUSED = {
+    b"\x28\xb5\x2f\xfd": "zstd-compressed: decompress it first (zstd -d)",
+    b"PK\x03\x04": "a zip archive: extract the .jsonl first",
+    b"\xff\xfe": "UTF-16 or UTF-32: convert it to UTF-8 (iconv -t UTF-8)",
+    b"\xfe\xff": "UTF-16: convert it to UTF-8 (iconv -t UTF-8)",
+    b"\x00\x00\xfe\xff": "UTF-32: convert it to UTF-8 (iconv -t UTF-8)",
+    b"PAR1": "Parquet, not JSONL",
+}
+
+
+def input_kind(path: Path) -> str:
+    """ "jsonl", "gzip", "bzip2" or "xz", from the file's first bytes; InputError for a file that
+    would only turn into garbage error records (another compression, UTF-16, an archive)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    for magic, why in _REFUSED.items():
+        if head.startswith(magic):
+            raise InputError(f"input {path} is {why}")
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "jsonl")
+
+
+def open_input(path: Path) -> BinaryIO:
+    """The input as a binary stream of JSONL bytes (decompressed on the fly)."""
+    kind = input_kind(path)
+    if kind == "jsonl":
+        return open(path, "rb")
+    return _Decompressed(path, kind)
+
+
+class _Decompressed(io.BufferedReader):
+    """A decompressing reader whose damage (a cut or corrupt file) is an InputError."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        opener = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}[kind]
+        super().__init__(opener(path, "rb"))
+        self.where = f"{kind} input {path}"
+
+    def readline(self, size: int | None = -1) -> bytes:
+        try:
+            return super().readline(size)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
+            raise InputError(f"{self.where} is damaged: {e}") from None
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
+            raise InputError(f"{self.where} is damaged: {e}") from None
+
+
 def read_requests(
     path: Path, limits: ReaderLimits = ReaderLimits()
 ) -> Iterator[JobRequest | LineError]:
     """Yield one item per non-empty line of a JSONL file, lazily, in file order."""
     seen: set[str] = set()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for line_no, raw in _lines(f, limits.max_line_bytes):
             if raw is None:
                 msg = f"line is over {limits.max_line_bytes} bytes; shorten it or raise the limit"
@@ -117,7 +201,7 @@ def read_requests(
 def count_lines(path: Path) -> int:
     """Number of lines (empty ones included), i.e. the last line number read_requests can give."""
     count, last = 0, b"\n"
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while chunk := f.read(1 << 20):
             count += chunk.count(b"\n")
             last = chunk[-1:]
@@ -144,13 +228,27 @@ def _parse_line(line_no: int, raw: bytes, limits: ReaderLimits, seen: set[str]) 
         obj = _decode(raw)
         openai = "body" in obj or "url" in obj or "method" in obj
         custom_id = _custom_id(obj, simple=not openai)
-        if custom_id in seen:  # the id belongs to the first line: this record does not carry it
+        if custom_id in seen:
             msg = f"custom_id {show(custom_id)} is already used by an earlier line; make it unique"
-            return LineError(line_no, None, "duplicate_custom_id", msg)
+            return LineError(line_no, custom_id, "duplicate_custom_id", msg)
         seen.add(custom_id)
         return _request(line_no, custom_id, obj, openai, limits)
     except FieldError as e:
+        if e.code == "duplicate_key":  # the line is JSON all the same: name its id if it has one
+            custom_id = _id_despite_duplicates(raw)
         return LineError(line_no, custom_id, e.code, e.message)
+
+
+def _id_despite_duplicates(raw: bytes) -> str | None:
+    pairs = json.loads(raw, object_pairs_hook=list)  # every object as its list of pairs
+    keys = [k for k, _ in pairs]
+    if keys.count("custom_id") > 1 or keys.count("id") > 1:
+        return None  # which one is meant is the question
+    obj = dict(pairs)
+    try:
+        return _custom_id(obj, simple=not ("body" in obj or "url" in obj or "method" in obj))
+    except FieldError:
+        return None
 
 
 def _decode(raw: bytes) -> dict:
@@ -161,13 +259,26 @@ def _decode(raw: bytes) -> dict:
             "invalid_utf8", f"byte {e.start} is not valid UTF-8; save as UTF-8"
         ) from None
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except FieldError:
+        raise
     except json.JSONDecodeError as e:
         raise FieldError("invalid_json", f"invalid JSON at column {e.colno}: {e.msg}") from None
     except (ValueError, RecursionError) as e:
         raise FieldError("invalid_json", f"invalid JSON: {str(e)[:80]}") from None
     if not isinstance(obj, dict):
         raise FieldError("not_an_object", f"a line must be a JSON object, got {show(obj)}")
+    return obj
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise FieldError(
+            "duplicate_key", f"key {show(key)} appears twice in one object; give it once"
+        )
     return obj
 
 
@@ -198,7 +309,14 @@ def _custom_id(obj: dict, simple: bool) -> str:
 
 
 def _request(line_no: int, cid: str, obj: dict, openai: bool, limits: ReaderLimits) -> JobRequest:
-    body, endpoint = _openai_envelope(obj) if openai else (obj, None)
+    if openai:
+        body, endpoint = _openai_envelope(obj)
+        check_fields(obj, "envelope")
+        check_fields(body, "body")
+    else:
+        check_fields(obj, "simple")
+        body, endpoint = obj, None
+    check_model(body.get("model"), limits.models)
     given = [k for k in PROMPT_KEYS if body.get(k) is not None]
     if len(given) > 1:
         raise FieldError("ambiguous_prompt", f"give only one of {', '.join(given)}")

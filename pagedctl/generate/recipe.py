@@ -22,7 +22,15 @@ SAMPLING_KEYS = (
     "stop",
     "ignore_eos",
 )
-JOB_KEYS = ("input", "output", "errors", "max_line_bytes", "fsync_every", "summary_json")
+JOB_KEYS = (
+    "input",
+    "output",
+    "errors",
+    "max_line_bytes",
+    "fsync_every",
+    "summary_json",
+    "accept_any_model",
+)
 
 
 @dataclass
@@ -37,6 +45,7 @@ class JobSettings:
     max_line_bytes: int = 4 * 2**20
     fsync_every: int = 64
     summary_json: Path | None = None
+    accept_any_model: bool = False
 
 
 def load_recipe(path: Path) -> dict[str, Any]:
@@ -62,7 +71,31 @@ def load_recipe(path: Path) -> dict[str, Any]:
             raise RecipeError(
                 f"recipe {path}: unknown {key} keys {unknown}; known: {', '.join(keys)}"
             )
+    for key, value in (doc.get("job") or {}).items():
+        if value is not None and not _JOB_TYPES[key](value):
+            raise RecipeError(f"recipe {path}: job.{key} must be {_JOB_WANTS[key]}, got {value!r}")
     return doc
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+_JOB_TYPES = {
+    "input": lambda v: isinstance(v, str) and bool(v),
+    "output": lambda v: isinstance(v, str) and bool(v),
+    "errors": lambda v: isinstance(v, str) and bool(v),
+    "summary_json": lambda v: isinstance(v, str) and bool(v),
+    "max_line_bytes": _positive_int,
+    "fsync_every": _positive_int,
+    "accept_any_model": lambda v: isinstance(v, bool),
+}
+_JOB_WANTS = {
+    **dict.fromkeys(("input", "output", "errors", "summary_json"), "a path"),
+    "max_line_bytes": "an integer >= 1",
+    "fsync_every": "an integer >= 1",
+    "accept_any_model": "true or false",
+}
 
 
 def merge(
@@ -90,6 +123,8 @@ def merge(
     for key in ("max_line_bytes", "fsync_every"):
         if job.get(key) is not None:
             setattr(s, key, int(job[key]))
+    if job.get("accept_any_model") is not None:
+        s.accept_any_model = job["accept_any_model"]
     for key, value in flags.items():
         if value is None:
             continue

@@ -8,6 +8,7 @@ per sample and the token `usage`; a failure carries `error{code, message, line}`
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import secrets
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the engine is only read here; importing it at run time is not needed
     from pagedctl.engine.outputs import CompletionOutput, RequestOutput
 
-TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]  # a token id's exact bytes
 ENDPOINTS = ("chat", "completion")
 FINISH_REASONS = ("stop", "length")
 MIN_LOGPROB = -9999.0  # stands in for -inf (JSON has no infinities), as vLLM does
@@ -36,42 +37,53 @@ def _logprob(x: float) -> float:
     return x if math.isfinite(x) else MIN_LOGPROB
 
 
-def _token_strings(sample: CompletionOutput, token_text: TokenText | None) -> list[str]:
-    # Without a tokenizer the id stands in, in vLLM's "token_id:<id>" form.
+def _token_pieces(
+    sample: CompletionOutput, token_bytes: TokenBytes | None
+) -> list[tuple[str, bytes | None]]:
+    """Each token's (text, exact bytes). A token holding part of a character (one byte of an
+    emoji) shows as U+FFFD, but its bytes are its own, so the bytes spell the text. Without a
+    tokenizer the id stands in, in vLLM's "token_id:<id>" form, with no bytes."""
     if len(sample.logprobs or ()) != len(sample.token_ids):
         raise ValueError(
             f"sample {sample.index} has {len(sample.logprobs or ())} logprobs for "
             f"{len(sample.token_ids)} tokens (an engine bug); write an error_record instead"
         )
-    if token_text is None:
-        return [f"token_id:{t}" for t in sample.token_ids]
-    return [token_text(t) for t in sample.token_ids]
+    if token_bytes is None:
+        return [(f"token_id:{t}", None) for t in sample.token_ids]
+    pieces = []
+    for t in sample.token_ids:
+        raw = token_bytes(t)
+        pieces.append((raw.decode("utf-8", errors="replace"), raw))
+    return pieces
 
 
-def _chat_logprobs(sample: CompletionOutput, token_text: TokenText | None) -> dict | None:
+def _chat_logprobs(sample: CompletionOutput, token_bytes: TokenBytes | None) -> dict | None:
     if sample.logprobs is None:
         return None
-    tokens = _token_strings(sample, token_text)
     content = [
         {
-            "token": tok,
+            "token": text,
             "logprob": _logprob(lp),
-            "bytes": list(tok.encode("utf-8")),
+            "bytes": None if raw is None else list(raw),
             "top_logprobs": [],
         }
-        for tok, lp in zip(tokens, sample.logprobs, strict=True)
+        for (text, raw), lp in zip(_token_pieces(sample, token_bytes), sample.logprobs, strict=True)
     ]
     return {"content": content}
 
 
-def _completion_logprobs(sample: CompletionOutput, token_text: TokenText | None) -> dict | None:
+def _completion_logprobs(sample: CompletionOutput, token_bytes: TokenBytes | None) -> dict | None:
     if sample.logprobs is None:
         return None
-    tokens = _token_strings(sample, token_text)
+    pieces = _token_pieces(sample, token_bytes)
+    tokens = [text for text, _ in pieces]
+    # text_offset counts characters of the text: a token that starts inside a character (its
+    # later bytes) points at that character.
     offsets, pos = [], 0
-    for tok in tokens:
+    chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for text, raw in pieces:
         offsets.append(pos)
-        pos += len(tok)
+        pos += len(text) if raw is None else len(chars.decode(raw))
     return {
         "tokens": tokens,
         "token_logprobs": [_logprob(lp) for _, lp in zip(tokens, sample.logprobs, strict=True)],
@@ -80,7 +92,7 @@ def _completion_logprobs(sample: CompletionOutput, token_text: TokenText | None)
     }
 
 
-def _choice(sample: CompletionOutput, endpoint: str, token_text: TokenText | None) -> dict:
+def _choice(sample: CompletionOutput, endpoint: str, token_bytes: TokenBytes | None) -> dict:
     if sample.finish_reason not in FINISH_REASONS:
         raise ValueError(
             f"sample {sample.index} finished with {sample.finish_reason!r}; only 'stop' and "
@@ -89,10 +101,10 @@ def _choice(sample: CompletionOutput, endpoint: str, token_text: TokenText | Non
     choice: dict[str, Any] = {"index": sample.index}
     if endpoint == "chat":
         choice["message"] = {"role": "assistant", "content": sample.text, "refusal": None}
-        choice["logprobs"] = _chat_logprobs(sample, token_text)
+        choice["logprobs"] = _chat_logprobs(sample, token_bytes)
     else:
         choice["text"] = sample.text
-        choice["logprobs"] = _completion_logprobs(sample, token_text)
+        choice["logprobs"] = _completion_logprobs(sample, token_bytes)
     choice["finish_reason"] = sample.finish_reason
     choice["stop_reason"] = sample.stop_reason
     return choice
@@ -114,12 +126,12 @@ def ok_record(
     endpoint: str,
     model: str,
     out: RequestOutput,
-    token_text: TokenText | None = None,
+    token_bytes: TokenBytes | None = None,
     created: int | None = None,
 ) -> dict:
     """The output line of a finished request: a `chat.completion` or `text_completion` body.
 
-    `endpoint` is "chat" or "completion"; `token_text(id)` gives a token's text for logprobs.
+    `endpoint` is "chat" or "completion"; `token_bytes(id)` gives a token's bytes for logprobs.
     Raises ValueError for a failed request or a sample that did not finish with "stop"/"length".
     """
     if endpoint not in ENDPOINTS:
@@ -133,7 +145,7 @@ def ok_record(
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()) if created is None else created,
         "model": model,
-        "choices": [_choice(s, endpoint, token_text) for s in samples],
+        "choices": [_choice(s, endpoint, token_bytes) for s in samples],
         "usage": _usage(out),
     }
     response = {"status_code": 200, "request_id": "req_" + _hex(), "body": body}

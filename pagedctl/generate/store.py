@@ -151,9 +151,10 @@ class ResultStore:
         return n
 
     def _note(self, rec: dict) -> None:
-        if rec.get("custom_id") is not None:
-            self.done.add(rec["custom_id"])
         error = rec.get("error")
+        duplicate = isinstance(error, dict) and error.get("code") == "duplicate_custom_id"
+        if rec.get("custom_id") is not None and not duplicate:  # a repeat does not finish the id
+            self.done.add(rec["custom_id"])
         if isinstance(error, dict) and isinstance(error.get("line"), int):
             self.done_error_lines.add(error["line"])
 

@@ -9,12 +9,14 @@ Choices worth knowing:
   `max_tokens`; top_k -1 means off (0); an integer completions `logprobs` (0 or 1) means true.
 - The sampling dict holds only the fields the body gave, plus max_tokens (default: the smaller of
   `default_max_tokens` and `max_tokens_limit`), so the caller can lay it over its own defaults.
-- Unknown fields are ignored; known ones that would change the output and that we do not
-  implement are errors unless set to their neutral value (e.g. presence_penalty 0).
+- Every field is checked against `FIELDS`: an unknown one is an error naming it; a field of
+  OpenAI's or vLLM's API that we do not implement is an error unless set to its neutral value
+  (e.g. presence_penalty 0), so nothing that would change the output is silently ignored.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -26,21 +28,68 @@ from pagedctl.engine import SamplingParams
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOP = 16
 MAX_TOKEN_ID = 2**31 - 1
+MAX_SALT = 256
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# Fields we do not implement, with the values that leave the output unchanged (null always does).
-_OFF: dict[str, tuple[Any, ...]] = {
+
+# Every field a request body may carry and what pagedctl does with it: the documented list
+# (docs/jobs.md prints this table; a test keeps the two equal). A field that is not here, in
+# `UNSUPPORTED` or in `OTHER_NAMES` is refused on its line as unknown, as OpenAI's API refuses an
+# unrecognized argument: a typo like "temprature" must never run at the default.
+FIELDS: dict[str, str] = {
+    "messages": "chat: the conversation",
+    "prompt": "completions: the prompt text or token ids",
+    "prompt_token_ids": "simple form: the prompt as token ids",
+    "model": "the served model's name (`--served-model-name`); another name is refused",
+    "max_tokens": "output tokens per sample",
+    "max_completion_tokens": "alias of max_tokens",
+    "n": "samples of one prompt",
+    "best_of": "only equal to n",
+    "temperature": "sampling temperature",
+    "top_p": "nucleus sampling",
+    "top_k": "top-k sampling",
+    "min_p": "min-p sampling",
+    "seed": "the request's own random stream",
+    "stop": "stop strings",
+    "stop_token_ids": "stop token ids",
+    "ignore_eos": "keep going past EOS",
+    "logprobs": "the sampled tokens' log-probabilities",
+    "cache_salt": "a tenant's prefix-cache salt: only requests with the same salt share a prefix",
+    "user": "ignored: no effect on the output",
+    "metadata": "ignored: no effect on the output",
+    "store": "ignored: no effect on the output",
+    "service_tier": "ignored: no effect on the output",
+    "priority": "ignored: a batch job runs lines first come, first served",
+    "request_id": "ignored: the job's id is custom_id",
+}
+# Fields of OpenAI's or vLLM's API that pagedctl does not implement, with the values that leave
+# the output unchanged (null always does): accepted at those, `unsupported_field` otherwise.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-    "logit_bias": ({},), "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
-    "function_call": ("none", "auto"), "response_format": ({"type": "text"},),
-    "stream": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",),
-    "use_beam_search": (False,), "min_tokens": (0,), "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,), "add_generation_prompt": (True,),
-    "continue_final_message": (False,), "modalities": (["text"],), "audio": (), "prediction": (),
-    "reasoning_effort": (), "guided_json": (), "guided_regex": (), "guided_choice": (),
-    "guided_grammar": (), "structured_outputs": (), "prompt_logprobs": (), "bad_words": ([],),
+    "length_penalty": (1,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
+    "stream": (False,), "stream_options": (), "top_logprobs": (0,), "echo": (False,),
+    "suffix": ("",), "use_beam_search": (False,), "min_tokens": (0,),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "add_special_tokens": (), "modalities": (["text"],),
+    "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "structured_outputs": (), "prompt_logprobs": (), "bad_words": ([],),
     "allowed_token_ids": (), "logits_processors": ([],), "chat_template": (),
-    "truncate_prompt_tokens": (),
+    "chat_template_kwargs": ({},), "mm_processor_kwargs": (), "truncate_prompt_tokens": (),
 }  # fmt: skip
+# Names from other APIs (Hugging Face generate, Anthropic, TGI) that mean an OpenAI field.
+OTHER_NAMES: dict[str, str] = {
+    "max_new_tokens": "max_tokens",
+    "max_length": "max_tokens",
+    "stop_sequences": "stop",
+    "do_sample": "temperature (0 is greedy)",
+    "num_return_sequences": "n",
+    "num_beams": "nothing: beam search is not implemented",
+}
+ENVELOPE = ("custom_id", "method", "url", "body")  # the OpenAI form's top level
+SIMPLE_IDS = ("custom_id", "id")
 
 
 class FieldError(Exception):
@@ -129,11 +178,69 @@ def parse_token_ids(value: Any, key: str) -> list[int]:
     return value
 
 
+def check_fields(obj: dict, form: str) -> None:
+    """Refuse a key that `form` ("envelope", "simple" or "body") does not take: an unknown one as
+    `unknown_field` (naming the nearest known one), another API's name or an unimplemented field
+    as `unsupported_field` unless it holds a neutral value."""
+    if form == "envelope":
+        for key in obj:
+            if key not in ENVELOPE:
+                raise FieldError("unknown_field", _unknown(key, ENVELOPE, form))
+        return
+    extra = SIMPLE_IDS if form == "simple" else ()
+    for key in obj:
+        if key in FIELDS or key in extra:
+            continue
+        value = obj[key]
+        if key in OTHER_NAMES:
+            raise FieldError(
+                "unsupported_field", f"{show(key)} is not an OpenAI field; use {OTHER_NAMES[key]}"
+            )
+        if key not in UNSUPPORTED:
+            raise FieldError("unknown_field", _unknown(key, (*FIELDS, *UNSUPPORTED, *extra), form))
+        harmless = UNSUPPORTED[key]
+        if value is not None and not any(_same(value, h) for h in harmless):
+            fix = f" or set it to {json.dumps(harmless[0])}" if harmless else ""
+            raise FieldError(
+                "unsupported_field", f"{key}={show(value)} is not supported; remove it{fix}"
+            )
+
+
+def _unknown(key: str, known: tuple[str, ...], form: str) -> str:
+    if form == "envelope" and (key in FIELDS or key in UNSUPPORTED or key in OTHER_NAMES):
+        return f"{show(key)} belongs inside body, not beside it"
+    where = {"envelope": "the line", "simple": "the line", "body": "body"}[form]
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f"; did you mean {show(near[0])}?" if near else "; docs/jobs.md lists the fields"
+    return f"unknown field {show(key)} in {where}{hint}"
+
+
+def check_model(value: Any, models: frozenset[str] | None) -> None:
+    """`model` must name the served model (any name when `models` is None)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise FieldError("invalid_field", f"model must be a string, got {show(value)}")
+    if models is not None and value not in models:
+        names = ", ".join(sorted(map(show, models)))
+        raise FieldError(
+            "model_not_found",
+            f"model {show(value)} is not served by this job (it serves {names}); fix the line, "
+            "or run with --accept-any-model",
+        )
+
+
 def parse_sampling(
     body: dict, endpoint: str, *, max_tokens_limit: int, default_max_tokens: int, max_n: int
 ) -> dict:
-    """The sampling fields the body gave, plus max_tokens, checked against SamplingParams."""
+    """The sampling fields the body gave, plus max_tokens, checked against SamplingParams.
+
+    A max_tokens the line gives is strict (a prompt plus it over max_model_len is refused, as
+    OpenAI refuses it); the default one is a cap (a long prompt gets what the model has left).
+    """
     s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
+    if any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens")):
+        s["strict_max_tokens"] = True
     if body.get("n") is not None:
         s["n"] = _int_in(body, "n", max_n, "n_out_of_range")
     _best_of(body.get("best_of"), s.get("n", 1))
@@ -144,7 +251,6 @@ def parse_sampling(
             s[key] = _CONVERT.get(key, _keep)(value)
     if body.get("logprobs") is not None:
         s["logprobs"] = _logprobs(body["logprobs"], endpoint)
-    _unsupported(body)
     try:
         SamplingParams(**s)
     except (ValueError, TypeError) as e:
@@ -222,21 +328,13 @@ _CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "stop_token_ids": ("a list of token ids (ints >= 0)", lambda v: isinstance(v, list)
                        and all(_is_token(t) for t in v)),
     "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
+    "cache_salt": (f"a non-empty string of up to {MAX_SALT} characters",
+                   lambda v: isinstance(v, str) and 0 < len(v) <= MAX_SALT and is_text(v)),
 }  # fmt: skip
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "temperature": float, "top_p": float, "min_p": float, "top_k": lambda v: max(v, 0),
     "stop": lambda v: [v] if isinstance(v, str) else v,
 }  # fmt: skip
-
-
-def _unsupported(body: dict) -> None:
-    for key in [k for k in body if k in _OFF]:
-        value, harmless = body[key], _OFF[key]
-        if value is not None and not any(_same(value, h) for h in harmless):
-            fix = f" or set it to {json.dumps(harmless[0])}" if harmless else ""
-            raise FieldError(
-                "unsupported_field", f"{key}={show(value)} is not supported; remove it{fix}"
-            )
 
 
 def _same(a: Any, b: Any) -> bool:
