@@ -28,7 +28,15 @@ from pagedctl.exits import (
     EXIT_USAGE,
 )
 from pagedctl.generate.progress import Reporter
-from pagedctl.generate.reader import JobRequest, LineError, ReaderLimits, count_lines, read_requests
+from pagedctl.generate.reader import (
+    InputError,
+    JobRequest,
+    LineError,
+    ReaderLimits,
+    count_lines,
+    input_kind,
+    read_requests,
+)
 from pagedctl.generate.recipe import JobSettings
 from pagedctl.generate.records import error_record, ok_record
 from pagedctl.generate.runctl import (
@@ -67,12 +75,20 @@ def output_paths(settings: JobSettings) -> tuple[Path, Path]:
     """`<stem>.out.jsonl` and `<stem>.errors.jsonl` beside the input unless given; the errors
     file follows a given output (`-o x.out.jsonl` alone: `x.errors.jsonl` beside it)."""
     src = settings.input
-    stem = src.name.removesuffix(".jsonl").removesuffix(".json")
+    stem = _stem(src.name)
     out = settings.output or src.with_name(f"{stem}.out.jsonl")
+    for path in (out, settings.errors):
+        if path is not None and path.suffix in COMPRESSED:
+            raise JobExit(
+                EXIT_USAGE,
+                f"{path}: results are written uncompressed, one durable line at a time (a torn "
+                "compressed tail could not be repaired on resume); compress the file after the "
+                "job, or name it .jsonl",
+            )
     if settings.errors is not None:
         err = settings.errors
     elif settings.output is not None:
-        out_stem = out.name.removesuffix(".jsonl").removesuffix(".json").removesuffix(".out")
+        out_stem = _stem(out.name).removesuffix(".out")
         err = out.with_name(f"{out_stem}.errors.jsonl")
     else:
         err = src.with_name(f"{stem}.errors.jsonl")
@@ -80,6 +96,16 @@ def output_paths(settings: JobSettings) -> tuple[Path, Path]:
     if len(ids) < 3:  # by path, and by file: a hard link or a symlink to the input is the input
         raise JobExit(EXIT_USAGE, f"input {src}, output {out} and errors {err} must all differ")
     return out, err
+
+
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
+
+
+def _stem(name: str) -> str:
+    """`in.jsonl.gz` -> `in`: outputs are named after the input without its compression."""
+    for suffix in COMPRESSED:
+        name = name.removesuffix(suffix)
+    return name.removesuffix(".jsonl").removesuffix(".json")
 
 
 def _identity(path: Path) -> tuple:
@@ -126,8 +152,11 @@ class GenerateJob:
         try:
             with src.open("rb") as f:
                 f.read(1)
+            input_kind(src)
         except OSError as e:
             raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e}") from None
+        except InputError as e:
+            raise JobExit(EXIT_DATAERR, str(e)) from None
 
     def _run_locked(self) -> dict[str, Any]:
         llm = self.start_engine()
@@ -146,7 +175,10 @@ class GenerateJob:
             default_max_tokens=int(self.s.sampling.get("max_tokens", 256)),
             models=None if self.s.accept_any_model else self._model_names(llm),
         )
-        total = count_lines(self.s.input)
+        try:
+            total = count_lines(self.s.input)  # reads a compressed input whole: damage shows here
+        except InputError as e:
+            raise JobExit(EXIT_DATAERR, str(e)) from None
         self.report = Reporter(total, quiet=self.quiet, log_format=self.log_format)
         self.report.event(
             "start",
@@ -161,6 +193,10 @@ class GenerateJob:
             for out in llm.stream(self._feed(store, limits), should_stop=self._stopping):
                 self._record(store, out)
                 self._progress(llm, t0)
+        except InputError as e:  # a compressed input damaged part way: what came before is kept
+            llm.abort_all()
+            msg = f"{e}; the results so far are kept: rerun to resume once it is whole"
+            raise JobExit(EXIT_DATAERR, msg) from None
         finally:
             self._restore_signal_handlers(previous)
             store.close()
