@@ -62,7 +62,7 @@ def generate(
         show_default=False,
     ),
     max_line_bytes: int | None = typer.Option(
-        None, help="Longest input line in bytes.", show_default="4 MiB"
+        None, min=1, help="Longest input line in bytes.", show_default="4 MiB"
     ),
     engine: dict[str, Any] | None = None,
 ) -> None:
