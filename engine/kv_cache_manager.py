@@ -221,6 +221,16 @@ class KVCacheManager:
         seq.block_table = []
         self._num_cached_blocks.pop(seq.seq_id, None)
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks of `seq` past its first `num_tokens` tokens (slots reserved
+        ahead and never written: unhashed, held by this sequence alone)."""
+        table = seq.block_table
+        keep = cdiv(num_tokens, self.block_size)
+        if len(table) > keep:
+            blocks = self.pool.blocks
+            self.pool.free_blocks(blocks[i] for i in reversed(table[keep:]))
+            del table[keep:]
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let `child` share all of `parent`'s blocks; the first write to a shared partial block
         copies it (see `allocate_slots`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import asdict
@@ -28,8 +29,8 @@ from .outputs import RequestOutput
 from .pool_sizing import kv_cache_blocks, resolve_max_model_len
 from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
-from .sequence import SequenceStatus
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence, SequenceStatus
 from .weights import iter_weights, load_tokenizer
 
 logger = logging.getLogger("pagedctl.engine")
@@ -269,6 +270,10 @@ class LLM:
         With `num_scheduler_steps = k > 1`, a pure decode step whose graph exists runs `k` tokens
         deep (see `Scheduler.reserve_decode_steps`); its results are applied one token at a
         time, stop checks included, exactly as `k` single steps would.
+
+        A request on which the engine fails (the forward pass, the sampler or its text raising)
+        ends alone, with `error_code="internal_error"`; the others in the step go on (see
+        `_execute`). KeyboardInterrupt, SystemExit and MemoryError still end the call.
         """
         out = self.scheduler.schedule()
         k = self.config.num_scheduler_steps
@@ -278,38 +283,178 @@ class LLM:
             and self.scheduler.reserve_decode_steps(out, k)
         ):
             return self._decode_steps(out, k)
-        result = self.runner.execute(out) if out.seqs else None
-        sampled = result.sampled_token_ids if result else []
-        if result and result.logprobs is not None:
-            self.tracker.record_logprobs(out, result.logprobs)
-        finished = self.scheduler.update(out, sampled)
-        if not out.seqs and not finished and self.scheduler.has_unfinished():
+        return self._run_step(out)
+
+    def _run_step(self, out: SchedulerOutput, finished: Seq[Sequence] = ()) -> list[RequestOutput]:
+        sampled, logprobs, failed = self._execute(out) if out.seqs else ([], None, [])
+        # Failed requests finish before `update`, which then skips their rows.
+        finished = [*finished, *self._fail_requests(failed)]
+        if logprobs is not None:
+            self.tracker.record_logprobs(out, logprobs)
+        done = self.scheduler.update(out, sampled)
+        if not out.seqs and not done and self.scheduler.has_unfinished():
             raise RuntimeError(  # an invariant, not a user error: never loop silently
                 f"scheduler made no progress with {self.scheduler.num_unfinished} unfinished"
             )
-        stopped = self.tracker.check_stop_strings(out.seqs)
-        if stopped:
-            self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
-            finished.extend(stopped)
-        for seq in finished:
-            self.runner.release(seq)
-        return self.tracker.collect(finished)
+        finished += done
+        finished += self._stop_strings(out.seqs)
+        return self._collect(finished)
 
-    def _decode_steps(self, out, k: int) -> list[RequestOutput]:
-        finished = []
+    def _decode_steps(self, out: SchedulerOutput, k: int) -> list[RequestOutput]:
+        finished: list[Sequence] = []
+        steps = self.runner.execute_decode_steps(out, k)
+        failure = None
+        j = 0
         try:
-            for j, drawn in enumerate(self.runner.execute_decode_steps(out, k)):
+            for j in range(k):
+                try:
+                    drawn = next(steps)
+                except StopIteration:
+                    break
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    failure = exc
+                    break
                 if j:
                     self.scheduler.count_decode_step(out)
                 finished += self.scheduler.update(out, [[t] for t in drawn])
-                stopped = self.tracker.check_stop_strings(out.seqs)
-                if stopped:
-                    self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
-                    finished.extend(stopped)
+                finished += self._stop_strings(out.seqs)
                 if all(s.is_finished for s in out.seqs):
                     break
         finally:
-            self.scheduler.end_decode_steps()
+            steps.close()
+            self.scheduler.end_decode_steps(out.seqs)
+        rest = [s for s in out.seqs if not s.is_finished]
+        if failure is None or not rest:
+            return self._collect(finished)
+        # The window's results are applied up to the step that failed; every row left is a
+        # decode (its last token not yet computed), so that step runs again as an ordinary
+        # one-token step, where a failure is traced to its rows.
+        logger.debug(
+            "a %d-step decode window failed at step %d (%s: %s); its %d rows run one step",
+            k, j, type(failure).__name__, failure, len(rest),
+        )  # fmt: skip
+        retry = SchedulerOutput(rest, [1] * len(rest), total_num_scheduled_tokens=len(rest))
+        if j:
+            self.scheduler.count_decode_step(retry)
+        return self._run_step(retry, finished)
+
+    # ------------------------------------------------------------------ containment
+
+    def _execute(
+        self, out: SchedulerOutput
+    ) -> tuple[list[list[int]], list[list[float]] | None, list[tuple[Sequence, Exception]]]:
+        """Run a step: each row's sampled tokens, their logprobs (None if no row asked), and the
+        rows the step failed on, each with what it raised.
+
+        When the step raises, its rows run again in halves, each as a step of its own; a half
+        that fails again is halved again, down to single rows, which are then the culprits
+        (at most 2 * rows - 1 runs, never a loop). `Scheduler.update` has not run, so every
+        retried row computes the same tokens at the same positions from the same inputs and
+        rewrites its own KV slots. A greedy row's tokens are those of a run without the
+        culprit; a seeded row may draw anew if the failure came after the sampler's draw.
+        """
+        try:
+            result = self.runner.execute(out)
+        except MemoryError:  # the host is out of memory: retrying would only make it worse
+            raise
+        except Exception as exc:
+            if len(out.seqs) == 1:
+                return [[]], None, [(out.seqs[0], exc)]
+            return self._bisect(out, exc)
+        return result.sampled_token_ids, result.logprobs, []
+
+    def _bisect(self, out: SchedulerOutput, first: Exception):
+        n = len(out.seqs)
+        sampled: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] | None = None
+        culprits: list[tuple[Sequence, Exception]] = []
+        # Copy-on-write copies go with every retry up to the first that succeeds, none after.
+        # A copy is `dst <- src`, where `dst` is the copying row's own new block and `src` a
+        # block still held by others: the slots of `src` that the copying row reads are
+        # computed positions of every holder, which no row of this step writes, so a copy done
+        # again moves the same data. Only after a retry succeeded has some row written its new
+        # positions into a `dst`, which a later copy would overwrite; every row that ends well
+        # runs in or after that first success, after the last copy. Rows that fail write only
+        # their own slots, and are rewritten or freed.
+        copies = out.copies
+        pending = _halves(list(range(n)))
+        while pending:
+            rows = pending.pop()
+            sub = SchedulerOutput(
+                [out.seqs[i] for i in rows],
+                [out.num_new_tokens[i] for i in rows],
+                list(copies),
+            )
+            sub.total_num_scheduled_tokens = sum(sub.num_new_tokens)
+            try:
+                result = self.runner.execute(sub)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                if len(rows) == 1:
+                    culprits.append((out.seqs[rows[0]], exc))
+                else:
+                    pending += _halves(rows)
+                continue
+            copies = []
+            for i, row in enumerate(rows):
+                sampled[row] = result.sampled_token_ids[i]
+            if result.logprobs is not None:
+                logprobs = logprobs or [[] for _ in range(n)]
+                for i, row in enumerate(rows):
+                    logprobs[row] = result.logprobs[i]
+        if not culprits:
+            logger.warning(
+                "a step of %d rows failed (%s: %s), but each of its rows ran when retried",
+                n, type(first).__name__, first,
+            )  # fmt: skip
+        return sampled, logprobs, culprits
+
+    def _fail_requests(self, failed: list[tuple[Sequence, Exception]]) -> list[Sequence]:
+        """Finish every sample of each request the engine failed on, running, waiting or just
+        finished, with error code "internal_error"; return the sequences so finished."""
+        groups: dict[str, tuple[list[Sequence], str]] = {}
+        for seq, exc in failed:
+            rid = seq.request_id
+            if rid in groups:
+                group, message = groups[rid]
+                if all(s is not seq for s in group):  # finished before, failed now: mark it too
+                    self.scheduler.fail([seq], "internal_error", message)
+                    group.append(seq)
+                continue
+            sched = self.scheduler
+            group = [seq] + [
+                s for s in (*sched.running, *sched.waiting) if s.request_id == rid and s is not seq
+            ]
+            message = f"the engine failed on this request: {type(exc).__name__}: {exc}"
+            groups[rid] = (group, message)
+            logger.warning(
+                "request %s failed; its %d sequence(s) end with an error, the others go on:\n%s",
+                rid,
+                len(group),
+                "".join(traceback.format_exception(exc, limit=-6)).rstrip(),
+            )
+            sched.fail(group, "internal_error", message)
+        return [s for group, _ in groups.values() for s in group]
+
+    def _stop_strings(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Finish the sequences whose text reached a stop string, and fail the requests whose
+        text could not be made; return both."""
+        stopped, failed = self.tracker.check_stop_strings(seqs)
+        if stopped:
+            self.scheduler.finish(stopped, SequenceStatus.FINISHED_STOPPED)
+        return stopped + self._fail_requests(failed)
+
+    def _collect(self, finished: list[Sequence]) -> list[RequestOutput]:
+        """Release finished sequences and hand back the requests they complete. Outputs are
+        made first, so that a request whose text cannot be made fails whole (siblings still
+        running included) instead of ending the call."""
+        failed = self.tracker.render(finished)
+        if failed:
+            seen = {id(s) for s in finished}
+            finished += [s for s in self._fail_requests(failed) if id(s) not in seen]
         for seq in finished:
             self.runner.release(seq)
         return self.tracker.collect(finished)
@@ -325,6 +470,12 @@ class LLM:
             "block_size": kv.block_size,
             "kv_usage": kv.usage,
         }
+
+
+def _halves(rows: list[int]) -> list[list[int]]:
+    """The two halves of `rows`, the first last (the retry stack pops it first)."""
+    mid = len(rows) // 2
+    return [rows[mid:], rows[:mid]]
 
 
 def _params_picker(sampling_params: ParamsArg):

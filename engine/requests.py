@@ -37,6 +37,7 @@ class _Request:
     arrival: float
     samples: dict[int, CompletionOutput] = field(default_factory=dict)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    error: tuple[str, str] | None = None  # (code, message) of the first sample that failed
 
 
 class RequestTracker:
@@ -49,6 +50,7 @@ class RequestTracker:
         self._requests: dict[str, _Request] = {}
         self._detoks: dict[int, tuple[IncrementalDetokenizer, list[int]]] = {}
         self._logprobs: dict[tuple[str, int], list[float]] = {}
+        self._rendered: dict[int, CompletionOutput] = {}  # seq_id -> output made by `render`
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -59,6 +61,7 @@ class RequestTracker:
         self._requests.clear()
         self._detoks.clear()
         self._logprobs.clear()
+        self._rendered.clear()
         return n
 
     def add(
@@ -149,19 +152,27 @@ class RequestTracker:
     def record_logprobs(self, out: SchedulerOutput, logprobs: list[list[float]]) -> None:
         """Keep the logprobs of this step's tokens (before `update` forks any children)."""
         for seq, row in zip(out.seqs, logprobs, strict=True):
-            if not row or not seq.sampling_params.logprobs:
+            if not row or not seq.sampling_params.logprobs or seq.is_finished:
                 continue
             for j, lp in enumerate(row):
                 index = j if len(row) > 1 else seq.sample_index
                 self._logprobs.setdefault((seq.request_id, index), []).append(lp)
 
-    def check_stop_strings(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Running sequences whose text now contains one of their stop strings."""
-        return [
-            s
-            for s in seqs
-            if s.sampling_params.stop and not s.is_finished and self._detokenize(s).stopped_on
-        ]
+    def check_stop_strings(
+        self, seqs: list[Sequence]
+    ) -> tuple[list[Sequence], list[tuple[Sequence, Exception]]]:
+        """Running sequences whose text now contains one of their stop strings, and those whose
+        text could not be made, each with what its tokenizer raised (its request fails alone)."""
+        stopped, failed = [], []
+        for seq in seqs:
+            if not seq.sampling_params.stop or seq.is_finished:
+                continue
+            try:
+                if self._detokenize(seq).stopped_on:
+                    stopped.append(seq)
+            except Exception as exc:
+                failed.append((seq, exc))
+        return stopped, failed
 
     def _detokenize(self, seq: Sequence) -> IncrementalDetokenizer:
         entry = self._detoks.get(seq.seq_id)
@@ -176,12 +187,31 @@ class RequestTracker:
             fed[0] = seq.num_output_tokens
         return detok
 
+    def render(self, finished: list[Sequence]) -> list[tuple[Sequence, Exception]]:
+        """Make the outputs (text included) of finished samples ahead of `collect`; return the
+        samples whose output could not be made, each with the exception, so that the caller can
+        fail their requests (siblings still running included) before collecting."""
+        failed = []
+        for seq in finished:
+            if seq.status == SequenceStatus.FINISHED_ERROR or seq.seq_id in self._rendered:
+                continue
+            try:
+                self._rendered[seq.seq_id] = self._completion(seq)
+            except Exception as exc:
+                failed.append((seq, exc))
+        return failed
+
     def collect(self, finished: list[Sequence]) -> list[RequestOutput]:
         """Record finished samples; return the requests whose every sample is now done."""
         done = []
         for seq in finished:
             req = self._requests[seq.request_id]
-            req.samples[seq.sample_index] = self._completion(seq)
+            sample = self._rendered.pop(seq.seq_id, None)
+            if sample is None:
+                sample = self._completion(seq)
+            req.samples[seq.sample_index] = sample
+            if seq.status == SequenceStatus.FINISHED_ERROR and req.error is None:
+                req.error = (seq.error_code or "internal_error", seq.error or "failed")
             m = req.metrics
             m.num_preemptions += seq.num_preemptions
             m.num_recomputed_tokens += seq.num_recomputed_tokens
@@ -189,12 +219,14 @@ class RequestTracker:
                 m.num_cached_tokens = seq.num_cached_tokens
             never_forked = seq.sample_index == 0 and seq.num_output_tokens == 0
             if len(req.samples) == req.params.n or never_forked:
-                done.append(self._finish_request(req, seq))
+                done.append(self._finish_request(req))
         return done
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         text, reason, stop_reason = "", seq.finish_reason, seq.stop_reason
-        if self.tokenizer is not None and seq.sampling_params.stop:
+        if seq.status == SequenceStatus.FINISHED_ERROR:
+            pass  # its request reports the error, not text (whose decoding may be what failed)
+        elif self.tokenizer is not None and seq.sampling_params.stop:
             detok = self._detokenize(seq)
             text = detok.text if detok.stopped_on else detok.text + detok.finish()
             if detok.stopped_on:
@@ -212,18 +244,10 @@ class RequestTracker:
             logprobs=logprobs if seq.sampling_params.logprobs else None,
         )
 
-    def _finish_request(self, req: _Request, last: Sequence) -> RequestOutput:
+    def _finish_request(self, req: _Request) -> RequestOutput:
         del self._requests[req.request_id]
         req.metrics.finished_time = time.time()
-        error = last.error if last.status == SequenceStatus.FINISHED_ERROR else None
-        # The scheduler refuses only prompts that can never run: empty or too long for the limits.
-        code = (
-            None
-            if error is None
-            else "empty_prompt"
-            if not req.prompt_token_ids
-            else "prompt_too_long"
-        )
+        code, error = req.error or (None, None)
         outputs = [] if error else [req.samples[i] for i in sorted(req.samples)]
         return RequestOutput(
             req.request_id,

@@ -15,6 +15,11 @@ class SamplingParams:
     and stored once and shared by reference count (copy-on-write). `max_tokens` counts output
     tokens of each sample. `stop` strings are matched on detokenized text by the caller (the
     scheduler only sees token ids); `stop_token_ids` and EOS are matched by the scheduler.
+
+    `strict_max_tokens`: refuse, rather than cut short, a request whose prompt plus `max_tokens`
+    exceeds `max_model_len`, as OpenAI's API does (error code `context_length_exceeded`). Off, such
+    a request runs and ends with finish reason "length", stop reason "max_model_len", when it
+    reaches the limit.
     """
 
     n: int = 1
@@ -29,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     cache_salt: str | None = None
+    strict_max_tokens: bool = False
     _stop_ids: frozenset[int] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -46,6 +52,8 @@ class SamplingParams:
             _require(name, getattr(self, name), int | float)
         if self.seed is not None:
             _require("seed", self.seed, int)
+        if not isinstance(self.strict_max_tokens, bool):
+            raise TypeError(f"strict_max_tokens must be a bool, got {self.strict_max_tokens!r}")
         if not all(isinstance(s, str) for s in self.stop):
             raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if self.n < 1:

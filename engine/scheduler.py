@@ -77,31 +77,43 @@ class Scheduler:
         self._lookahead = 0  # tokens reserved ahead inside a multi-step decode window
 
     def add(self, seq: Sequence) -> None:
-        """Queue `seq`; one that can never run is finished at once, its reason in `seq.error`."""
-        reason = self._refusal(seq)
-        if reason is not None:
-            seq.error = reason
+        """Queue `seq`; one that can never run is finished at once, its reason in `seq.error`
+        and its code in `seq.error_code`."""
+        refusal = self._refusal(seq)
+        if refusal is not None:
+            seq.error_code, seq.error = refusal
             seq.status = SequenceStatus.FINISHED_ERROR
             self.stats.num_refused += 1
             return
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def _refusal(self, seq: Sequence) -> str | None:
+    def _refusal(self, seq: Sequence) -> tuple[str, str] | None:
+        """(error code, message) for a sequence that must not run, else None."""
         n = seq.num_prompt_tokens
+        limit = self.config.max_model_len
         if n == 0:
-            return "empty prompt: at least one token is needed"
-        if n + 1 > self.config.max_model_len:
+            return "empty_prompt", "empty prompt: at least one token is needed"
+        if n + 1 > limit:
             return (
-                f"prompt of {n} tokens leaves no room to generate within "
-                f"max_model_len={self.config.max_model_len}"
+                "prompt_too_long",
+                f"prompt of {n} tokens leaves no room to generate within max_model_len={limit}",
+            )
+        max_tokens = seq.sampling_params.max_tokens
+        if seq.sampling_params.strict_max_tokens and n + max_tokens > limit:
+            return (
+                "context_length_exceeded",
+                f"max_model_len is {limit} tokens, but the request asks for {n + max_tokens} "
+                f"({n} in the prompt, {max_tokens} in max_tokens); lower max_tokens to at most "
+                f"{limit - n}",
             )
         pool_tokens = self.kv.num_blocks * self.block_size
         if cdiv(n + 1, self.block_size) > self.kv.num_blocks:
             return (
+                "prompt_too_long",
                 f"prompt of {n} tokens plus one generated token needs "
                 f"{cdiv(n + 1, self.block_size)} KV blocks; the whole pool has "
-                f"{self.kv.num_blocks} ({pool_tokens} tokens)"
+                f"{self.kv.num_blocks} ({pool_tokens} tokens)",
             )
         return None
 
@@ -263,6 +275,16 @@ class Scheduler:
                     self.waiting.remove(seq)
                 self._finish(seq, status, reason)
 
+    def fail(self, seqs: Iterable[Sequence], code: str, message: str) -> None:
+        """Finish sequences with an error; one already finished (its output could not be made)
+        is marked failed too, its blocks being already free."""
+        seqs = list(seqs)
+        for seq in seqs:
+            seq.error_code, seq.error = code, message
+            if seq.is_finished:
+                seq.status = SequenceStatus.FINISHED_ERROR
+        self.finish(seqs, SequenceStatus.FINISHED_ERROR)
+
     def _finish(self, seq: Sequence, status: SequenceStatus, reason=None) -> None:
         assert status.is_finished
         seq.status = status
@@ -324,8 +346,14 @@ class Scheduler:
         """Stats of the 2nd, 3rd, ... step of a multi-step window (the first was scheduled)."""
         self.stats.num_decode_tokens += sum(1 for s in out.seqs if not s.is_finished)
 
-    def end_decode_steps(self) -> None:
+    def end_decode_steps(self, seqs: Iterable[Sequence] = ()) -> None:
+        """Close a multi-step window. A window cut short (the runner failed inside it) leaves
+        its sequences holding slots reserved for tokens that will not come from it: they give
+        back every block beyond the one their next token goes into."""
         self._lookahead = 0
+        for seq in seqs:
+            if not seq.is_finished:
+                self.kv.trim(seq, seq.num_tokens)
 
     def check_invariants(self) -> None:
         """Assert docs/design.md's invariants: pool accounting, ref counts, a table per sequence."""

@@ -2,7 +2,7 @@
 
 Field ownership (one writer per field):
 - the `Scheduler` writes `status`, `num_computed_tokens`, `token_ids` (appends), `finish_reason`,
-  `error` and the per-sequence counters;
+  `error`, `error_code` and the per-sequence counters;
 - the `KVCacheManager` writes `block_table` and `block_hashes`;
 - the model runner only reads.
 """
@@ -57,6 +57,7 @@ class Sequence:
         "cache_salt",
         "eos_token_id",
         "error",
+        "error_code",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -97,6 +98,7 @@ class Sequence:
         self.parent_seq_id: int | None = None
         self.stop_reason: int | str | None = None
         self.error: str | None = None
+        self.error_code: str | None = None  # machine-readable, with `error`
         # Counters (scheduler-owned).
         self.num_preemptions = 0
         self.num_cached_tokens = (
