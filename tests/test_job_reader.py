@@ -184,7 +184,8 @@ def test_ids_ints_and_agreeing_aliases(tmp_path: Path) -> None:
 MSG = [{"role": "user", "content": "x"}]
 # fmt: off
 ERROR_CASES: list[tuple[str, bytes | dict, str | None]] = [
-    ("invalid_utf8", b'{"id": "a", "prompt": "\xff"}', None),
+    ("invalid_utf8", b'{"id": "a", "prompt": "\xff"}', "a"),
+    ("invalid_utf8", b'{"id": "a\xff", "prompt": "p"}', None),
     ("invalid_json", b'{"id": "a", "prompt": ', None),
     ("invalid_json", b'{"id": "a", "prompt": "p", "temperature": NaN}', None),
     ("invalid_json", b"[" * 100_000 + b"]" * 100_000, None),
@@ -314,6 +315,19 @@ def test_messages_say_what_is_allowed(tmp_path: Path) -> None:
         'temperature must be a number >= 0, got "' + "x" * 36 + "...",
         "presence_penalty=1 is not supported; remove it or set it to 0",
     ]
+
+
+def test_a_broken_line_whose_id_reads_owns_it(tmp_path: Path) -> None:
+    lines = [
+        b'{"id": "a", "prompt": "caf\xe9"}',
+        b'{"id": "b", "top_k": 1, "top_k": 2}',
+        {"id": "a", "prompt": "p"},
+        {"id": "b", "prompt": "p"},
+        {"id": "c", "prompt": "p"},
+    ]
+    got = [(getattr(i, "code", "ok"), i.custom_id) for i in _read(tmp_path, lines)]
+    assert got == [("invalid_utf8", "a"), ("duplicate_key", "b"), ("duplicate_custom_id", "a"),
+                   ("duplicate_custom_id", "b"), ("ok", "c")]  # fmt: skip
 
 
 def test_duplicate_custom_id_first_line_wins_even_when_it_failed(tmp_path: Path) -> None:

@@ -225,30 +225,53 @@ def _lines(f: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
 def _parse_line(line_no: int, raw: bytes, limits: ReaderLimits, seen: set[str]) -> Any:
     custom_id = None
     try:
-        obj = _decode(raw)
+        try:
+            obj = _decode(raw)
+        except FieldError as e:
+            custom_id = _salvaged_id(raw) if e.code in _SALVAGE else None
+            if custom_id is None:
+                raise
+            if custom_id in seen:
+                return _duplicate(line_no, custom_id)
+            seen.add(custom_id)  # a line that names an id owns it, even a broken one
+            raise
         openai = "body" in obj or "url" in obj or "method" in obj
         custom_id = _custom_id(obj, simple=not openai)
         if custom_id in seen:
-            msg = f"custom_id {show(custom_id)} is already used by an earlier line; make it unique"
-            return LineError(line_no, custom_id, "duplicate_custom_id", msg)
+            return _duplicate(line_no, custom_id)
         seen.add(custom_id)
         return _request(line_no, custom_id, obj, openai, limits)
     except FieldError as e:
-        if e.code == "duplicate_key":  # the line is JSON all the same: name its id if it has one
-            custom_id = _id_despite_duplicates(raw)
         return LineError(line_no, custom_id, e.code, e.message)
 
 
-def _id_despite_duplicates(raw: bytes) -> str | None:
-    pairs = json.loads(raw, object_pairs_hook=list)  # every object as its list of pairs
+def _duplicate(line_no: int, custom_id: str) -> LineError:
+    msg = f"custom_id {show(custom_id)} is already used by an earlier line; make it unique"
+    return LineError(line_no, custom_id, "duplicate_custom_id", msg)
+
+
+# Lines that are refused whole but whose id can still be read, so that their record names it.
+_SALVAGE = ("duplicate_key", "invalid_utf8")
+
+
+def _salvaged_id(raw: bytes) -> str | None:
+    """The id of a line with a key given twice or a stray non-UTF-8 byte, if the id itself is
+    whole and unambiguous."""
+    try:  # every object as its list of pairs, so that a repeated id key shows
+        pairs = json.loads(raw.decode("utf-8", errors="replace"), object_pairs_hook=list)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(pairs, list) or not all(isinstance(p, tuple) for p in pairs):
+        return None
     keys = [k for k, _ in pairs]
     if keys.count("custom_id") > 1 or keys.count("id") > 1:
         return None  # which one is meant is the question
     obj = dict(pairs)
     try:
-        return _custom_id(obj, simple=not ("body" in obj or "url" in obj or "method" in obj))
+        cid = _custom_id(obj, simple=not ("body" in obj or "url" in obj or "method" in obj))
     except FieldError:
         return None
+    return None if "\ufffd" in cid else cid
 
 
 def _decode(raw: bytes) -> dict:
