@@ -170,6 +170,16 @@ class EngineConfig:
         "int",
         low=1,
     )
+    num_threads: int | None = setting(
+        None,
+        "CPU threads of each torch operation (OMP_NUM_THREADS, when set, replaces the automatic "
+        "choice).",
+        "int",
+        low=1,
+        aliases=("threads",),
+        short="threads",
+        auto="the CPUs free of other work; on CUDA, torch's",
+    )
     debug: bool = setting(
         False, "Check the allocator's invariants after every step (slower).", "bool"
     )

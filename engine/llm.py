@@ -31,6 +31,7 @@ from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
+from .threads import apply_threads
 from .weights import iter_weights, load_tokenizer
 
 logger = logging.getLogger("pagedctl.engine")
@@ -113,6 +114,7 @@ class LLM:
 
     def _build_engine(self, c: EngineConfig) -> None:
         self._release_engine()
+        apply_threads(c.num_threads, self.device.type)
         weights = sum(p.nbytes for p in self.model.parameters())
         self.memory: dict = {"weights_bytes": weights, "utilization": None}
         total = _device_total(self.device) if self.device.type == "cuda" else 0
