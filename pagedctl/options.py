@@ -30,10 +30,16 @@ def flag_of(name: str) -> str:
     return flag_names(name)[0]
 
 
-def _help(name: str) -> str:
+def _help(name: str, more: str = "") -> str:
+    """The help line of setting `name`, ending in its default as click writes one.
+
+    click puts a default given as text in parentheses ("[default: (16 tokens)]", its mark of a
+    description rather than a value); written here, it reads as the value it is, and stays plain
+    text: help is never parsed as Rich markup (`rich_markup_mode=None` in `pagedctl.cli`).
+    """
     s = SETTINGS[name]
     unit = f" ({s.unit})" if s.unit and s.unit != "fraction" else ""
-    return s.help.rstrip(".") + unit + "."
+    return f"{s.help.rstrip('.')}{unit}.{more}  [default: {show_default(name)}]"
 
 
 def _engine_option(name: str) -> tuple[type, Any]:
@@ -41,13 +47,15 @@ def _engine_option(name: str) -> tuple[type, Any]:
     decls = flag_names(name)
     if s.kind == "bool":
         decls = [f"{d}/--no-{d[2:]}" for d in decls]
-    info = typer.Option(None, *decls, help=_help(name), show_default=show_default(name))
+    info = typer.Option(None, *decls, help=_help(name), show_default=False)
     return _TYPES[s.kind] | None, info
 
 
 def _axis_option(name: str) -> tuple[type, Any]:
-    help = f"{_help(name)} One value, or an axis of comma-separated values, each {describe(name)}."
-    return str | None, typer.Option(None, *flag_names(name), help=help, show_default=False)
+    more = f" One value, or an axis of comma-separated values, each {describe(name)}."
+    return str | None, typer.Option(
+        None, *flag_names(name), help=_help(name, more), show_default=False
+    )
 
 
 def engine_flags(names: Iterable[str] = NAMES) -> Callable:

@@ -67,7 +67,7 @@ def bench_recipe(
             raise typer.BadParameter("--recipe runs the recipe benchmark; give no subcommand")
         return
     if recipe is None:
-        console.print(ctx.get_help())
+        typer.echo(ctx.get_help())  # plain: Rich markup would drop every "[default: ...]"
         raise typer.Exit(0)
     import dataclasses
     import shlex
