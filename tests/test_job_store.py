@@ -27,7 +27,13 @@ from pagedctl.generate.runctl import (
     lock_path,
     manifest_path,
 )
-from pagedctl.generate.store import CorruptResults, ResultStore, repair_tail
+from pagedctl.generate.store import (
+    CorruptResults,
+    NotResults,
+    OutputError,
+    ResultStore,
+    repair_tail,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +75,11 @@ def test_append_and_reopen(tmp_path: Path) -> None:
     s = make_store(tmp_path)
     s.open()
     assert s.done == {"a", "b", "c", "d"}
-    assert s.done_error_lines == {5, 7}
+    assert s.done_anonymous == {(7, "invalid_json")}
+    assert s.has_error_record(5, "d", "prompt_too_long") and s.has_error_record(
+        7, None, "invalid_json"
+    )
+    assert not s.has_error_record(5, None, "invalid_json")  # line 5's record is d's, by its id
     assert (s.num_ok_before, s.num_errors_before, s.num_ok, s.num_errors) == (3, 2, 0, 0)
     s.write(rec("e"), ok=True)
     with pytest.raises(ValueError, match="custom_id must be a string"):
@@ -120,7 +130,6 @@ def test_long_torn_tail(tmp_path: Path) -> None:
     [
         (b'{"custom_id":"a"}\n{"custom_id": oops}\n{"custom_id":"c"}\n', "line 2, is not valid"),
         (b'{"custom_id":"a"}\n\n[1, 2]\n', "line 3, is not a batch result record"),
-        (b'{"custom_id":null}\n', "line 1, is not a batch result record"),
     ],
 )
 def test_bad_line_in_the_middle_fails_clearly(tmp_path: Path, content: bytes, match: str) -> None:
@@ -128,6 +137,98 @@ def test_bad_line_in_the_middle_fails_clearly(tmp_path: Path, content: bytes, ma
     with pytest.raises(CorruptResults, match=match) as e:
         make_store(tmp_path).open()
     assert str(tmp_path / "out.jsonl") in str(e.value)
+
+
+NOT_OURS = [
+    b"shopping list\n\nmilk\nlast line, no newline",
+    b"one line, no newline",
+    b'\n\n{"custom_id": "a"}, not quite\n{"id":"batch_req_x","custom_id":"b"}\n{"id":"b',
+]
+
+
+@pytest.mark.parametrize(
+    ("which", "content"),
+    [
+        ("out.jsonl", b'{"custom_id":null}\n'),  # a null id is only for the errors file
+        *[(which, c) for which in ("out.jsonl", "errors.jsonl") for c in NOT_OURS],
+    ],
+)
+def test_a_file_that_is_not_ours_is_refused_untouched(
+    tmp_path: Path, content: bytes, which: str
+) -> None:
+    """Both files are read before either is repaired: the other file's torn tail stays too."""
+    other = "errors.jsonl" if which == "out.jsonl" else "out.jsonl"
+    (tmp_path / which).write_bytes(content)
+    torn_other = json.dumps(rec("a")).encode() + b"\n" + b'{"id":"batch_req_'
+    (tmp_path / other).write_bytes(torn_other)
+    for check in ("check_ours", "open"):
+        with pytest.raises(NotResults, match="is not a results file") as e:
+            getattr(make_store(tmp_path), check)()
+        assert e.value.path == tmp_path / which
+    assert (tmp_path / which).read_bytes() == content
+    assert (tmp_path / other).read_bytes() == torn_other
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "out.jsonl"]
+
+
+def test_a_damaged_file_is_refused_before_any_repair(tmp_path: Path) -> None:
+    good = json.dumps(rec("a")).encode() + b"\n"
+    content = good + b"edited\n" + good + b'{"id":"batch_req_'
+    (tmp_path / "out.jsonl").write_bytes(content)
+    with pytest.raises(CorruptResults, match="line 2, is not valid JSON") as e:
+        make_store(tmp_path).open()
+    assert not isinstance(e.value, NotResults)
+    assert (tmp_path / "out.jsonl").read_bytes() == content
+    assert not (tmp_path / "out.jsonl.torn").exists()
+
+
+def test_zeros_after_a_power_loss_are_a_torn_tail(tmp_path: Path) -> None:
+    (tmp_path / "errors.jsonl").write_bytes(b"\x00" * 4096)
+    with make_store(tmp_path) as s:
+        assert s.torn_bytes == 4096
+    assert (tmp_path / "errors.jsonl").read_bytes() == b""
+
+
+def test_error_records_match_lines_by_id_then_by_line(tmp_path: Path) -> None:
+    """How a bad line of a rerun (an edited input, --force) finds its earlier record."""
+    dup = "duplicate_custom_id"
+    with make_store(tmp_path) as s:
+        s.write(rec("a"), ok=True)
+        s.write(error_record("b", "invalid_field", "m", 3), ok=False)
+        s.write(error_record("a", dup, "m", 4), ok=False)  # a duplicate carries its own id
+        s.write(error_record(None, dup, "m", 6), ok=False)  # as older runs wrote duplicates
+        s.write(error_record(None, "invalid_json", "m", 2), ok=False)
+        assert s.done == {"a", "b"}
+    s = make_store(tmp_path)
+    s.open()
+    assert s.has_error_record(9, "b", "invalid_field")  # b's line moved from 3 to 9
+    assert not s.has_error_record(3, "c", "invalid_field")  # a new bad line where b's was
+    assert s.has_error_record(5, "a", dup)  # the duplicate moved from 4 to 5
+    assert not s.has_error_record(8, "a", dup)  # a second duplicate: one record covers one line
+    assert s.has_error_record(6, "a", dup)  # the old record without an id, by its line
+    assert s.has_error_record(2, None, "invalid_json")
+    assert not s.has_error_record(2, None, "missing_custom_id")  # another bad line now
+    assert not s.has_error_record(7, None, "invalid_json")
+    s.write(error_record("x", dup, "m", 10), ok=False)  # this run's own records count for none
+    assert not s.has_error_record(11, "x", dup)
+    s.close()
+
+
+def test_write_errors_name_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = make_store(tmp_path)
+    s.open()
+
+    def fail(fd: int, data: bytes) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(store_mod.os, "write", fail)
+    with pytest.raises(OutputError) as e:
+        s.write(error_record(None, "c", "m", 1), ok=False)
+    assert e.value.errno == errno.EIO and e.value.filename == str(tmp_path / "errors.jsonl")
+    monkeypatch.undo()
+    s.close()
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(OutputError, match="folder"):
+        ResultStore(tmp_path / "folder", tmp_path / "e.jsonl").open()
 
 
 def test_failed_write_leaves_no_half_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

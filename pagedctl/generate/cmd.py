@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import logging
 import sys
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +17,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.exceptions import TyperException
 
 from pagedctl.engine.config import ConfigError, EngineConfig
 from pagedctl.engine.sampling_params import SamplingParams
-from pagedctl.exits import EXIT_CODES, EXIT_SIGINT, EXIT_USAGE
-from pagedctl.generate.job import GenerateJob, JobExit, exit_code_for
+from pagedctl.exits import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_IOERR,
+    EXIT_SIGINT,
+    EXIT_TEMPFAIL,
+    EXIT_USAGE,
+)
+from pagedctl.generate.job import GenerateJob, JobExit, JobStopped, exit_code_for
 from pagedctl.generate.recipe import load_recipe, merge
 from pagedctl.options import engine_flags
 from pagedctl.recipe_file import RecipeError, find_recipe
@@ -24,16 +37,36 @@ from pagedctl.recipe_file import RecipeError, find_recipe
 _EXIT_HELP = "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
 
 
+def _failures_end_cleanly(command: Callable) -> Callable:
+    """An exception nobody expected still ends in one `error:` line (a JSON `error` event) and
+    exit 1; its traceback is shown only with --debug."""
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        try:
+            return command(**kwargs)
+        except (typer.Exit, typer.Abort, TyperException):  # click's own, shown by the group
+            raise
+        except Exception as e:
+            debug = bool((kwargs.get("engine") or {}).get("debug"))
+            _unexpected(e, debug, kwargs.get("log_format", "text"))
+
+    return wrapper
+
+
+# Paths are checked by the job, which says what is wrong with one and exits with the code of the
+# table (click's own check would make an unreadable input a usage error).
 @engine_flags()
+@_failures_end_cleanly
 def generate(
     input: Path | None = typer.Argument(
-        None, help="Input JSONL (OpenAI batch lines or simple lines)."
+        None, help="Input JSONL (OpenAI batch lines or simple lines).", readable=False
     ),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Results file.", show_default="IN.out.jsonl"
+        None, "-o", "--output", help="Results file.", show_default="IN.out.jsonl", readable=False
     ),
     errors: Path | None = typer.Option(
-        None, "--errors", help="Error records.", show_default="IN.errors.jsonl"
+        None, "--errors", help="Error records.", show_default="IN.errors.jsonl", readable=False
     ),
     recipe: Path | None = typer.Option(None, "--recipe", help="YAML recipe; flags override it."),
     max_tokens: int | None = typer.Option(
@@ -50,7 +83,7 @@ def generate(
         None, "--ignore-eos", help="Default: keep going past EOS."
     ),
     summary_json: Path | None = typer.Option(
-        None, "--summary-json", help="Write the summary here."
+        None, "--summary-json", help="Write the summary here.", readable=False
     ),
     log_format: str = typer.Option("text", help="text or json (JSON lines on stderr)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
@@ -104,13 +137,19 @@ def generate(
         _fail(EXIT_USAGE, f"sampling defaults: {e}", log_format)
     try:
         job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format)
-        summary = job.run()
-    except JobExit as e:
+        with job.signals():  # from before the model loads to the last line of the summary
+            summary = job.run()
+            code = exit_code_for(summary)
+            _report(summary, settings.summary_json, quiet and code == 0, log_format)
+            stopped = job.stopped()
+            if stopped is not None:
+                raise stopped
+    except (JobExit, JobStopped) as e:
         _fail(e.code, str(e), log_format)
     except KeyboardInterrupt:
         _fail(EXIT_SIGINT, "interrupted twice: stopped at once; rerun to resume", log_format)
-    code = exit_code_for(summary)
-    _report(summary, settings.summary_json, quiet and code == 0, log_format)
+    except Exception as e:
+        _unexpected(e, bool(settings.engine.get("debug")), log_format)
     raise typer.Exit(code)
 
 
@@ -118,26 +157,87 @@ generate.__doc__ += f"\n\n    Exit codes: {_EXIT_HELP}."
 
 
 def _configure_logging(quiet: bool, log_format: str) -> None:
-    level = logging.WARNING if quiet or log_format == "json" else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    """Engine log lines as text, or in JSON mode as `log` events (warnings and up, Python's
+    warnings included), so that every line on stderr is one JSON object."""
+    if log_format != "json":
+        level = logging.WARNING if quiet else logging.INFO
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonLogFormatter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.captureWarnings(True)
+
+
+class _JsonLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "event": "log",
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def _event(event: str, **fields: Any) -> None:
+    line = {"ts": round(time.time(), 3), "level": "error", "event": event, **fields}
+    print(json.dumps(line, default=str), file=sys.stderr, flush=True)
 
 
 def _fail(code: int, message: str, log_format: str = "text") -> None:
     """One line on stderr, verbatim (a JSON `error` event with the exit code in JSON mode)."""
     if log_format == "json":
-        print(
-            json.dumps({"event": "error", "exit_code": code, "message": message}), file=sys.stderr
-        )
+        _event("error", exit_code=code, message=message)
     else:
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
 
 
-def _report(summary: dict, path: Path | None, quiet: bool, log_format: str) -> None:
-    if path is not None:
+def _unexpected(e: Exception, debug: bool, log_format: str) -> None:
+    """A failure of ours or of a library (a damaged model file, say): exit 1, named."""
+    if debug:
+        text = "".join(traceback.format_exception(e))
+        if log_format == "json":
+            _event("traceback", traceback=text)
+        else:
+            print(text, end="", file=sys.stderr)
+    hint = "" if debug else "; rerun with --debug for the traceback"
+    detail = f": {e}" if str(e) else ""
+    _fail(EXIT_FAILED, f"unexpected {type(e).__name__}{detail}{hint}", log_format)
+
+
+def _write_summary(summary: dict, path: Path) -> None:
+    """Non-atomically, to the path as given (`/dev/stdout` included); records are all written."""
+    try:
         path.write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise JobExit(
+                EXIT_TEMPFAIL,
+                f"the disk is full: cannot write the summary {path} ({e.strerror}); every record "
+                "is written: free some space, then rerun the same command to write it",
+            ) from None
+        raise JobExit(
+            EXIT_IOERR,
+            f"cannot write the summary {path}: {e.strerror or e}; every record is written",
+        ) from None
+
+
+def _report(summary: dict, path: Path | None, quiet: bool, log_format: str) -> None:
+    """Print the summary, then write it to `path`: a summary file that cannot be written still
+    leaves the summary in the log."""
+    _print_summary(summary, quiet, log_format)
+    if path is not None:
+        _write_summary(summary, path)
+
+
+def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
     if log_format == "json":
-        print(json.dumps({"event": "summary", **summary}), file=sys.stderr)
+        print(json.dumps({"event": "summary", **summary}), file=sys.stderr, flush=True)
         return
     if quiet:
         return

@@ -5,10 +5,17 @@ last line and collecting the custom_ids already done), then stream the input thr
 appending each result as its request finishes. Bad lines and refused requests become error records;
 the job goes on. SIGTERM / SIGINT stop admission, keep what finished, and exit so the next run
 resumes.
+
+Everything that can be refused is refused before the model loads: the input, each path the run
+will write, and output files that are not this job's. A file that cannot be written later ends
+the run with what it wrote kept (75 for a full disk, 74 for another I/O error).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -21,6 +28,7 @@ from pagedctl.engine import SamplingParams
 from pagedctl.engine.token_bytes import TokenBytes
 from pagedctl.exits import (
     EXIT_DATAERR,
+    EXIT_IOERR,
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_SIGINT,
@@ -45,9 +53,10 @@ from pagedctl.generate.runctl import (
     ManifestMismatch,
     check_manifest,
     input_sha256,
+    lock_path,
     manifest_path,
 )
-from pagedctl.generate.store import CorruptResults, ResultStore
+from pagedctl.generate.store import CorruptResults, NotResults, OutputError, ResultStore
 
 
 class JobExit(Exception):
@@ -56,6 +65,36 @@ class JobExit(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class JobStopped(BaseException):
+    """SIGTERM or SIGINT before the first request: raised from the handler (a model load can take
+    minutes and cannot look at a flag), and, like KeyboardInterrupt, not caught as an error."""
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} before the first request: rerun the same command")
+        self.code = stop_code(signum)
+
+
+def stop_code(signum: int) -> int:
+    return EXIT_SIGINT if signum == signal.SIGINT else EXIT_TEMPFAIL
+
+
+# The errors of a path that cannot be used as it is given: the command must change (64). A full
+# disk is "retry later" (75); any other error is the disk's (74).
+_PATH_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.ENOENT,
+    errno.ENAMETOOLONG,
+    errno.ELOOP,
+    errno.EEXIST,
+}
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
 
 @dataclass
@@ -131,19 +170,70 @@ class GenerateJob:
         self.counts = JobCounts()
         self.stop_signal: int | None = None
         self.llm = None
+        self.store: ResultStore | None = None
+        self._handlers: dict[int, Any] | None = None
+        self._graceful = False  # False: a signal raises JobStopped; True: it stops admission
         self._token_bytes_of: TokenBytes | None = None
 
     def run(self) -> dict[str, Any]:
-        """Run the job; returns the summary. Raises JobExit for every non-zero ending."""
-        self._check_input()
-        for path in (self.out_path, self.err_path, self.s.summary_json):
-            if path is not None:
+        """Run the job; returns the summary. Raises JobExit for every non-zero ending, and
+        JobStopped for a signal before the first request."""
+        with self.signals():
+            self._check_input()
+            self._check_outputs()
+            self.store = ResultStore(self.out_path, self.err_path, fsync_every=self.s.fsync_every)
+            try:
+                self._check_results(self.store.check_ours)  # before even the lock is created
+                with JobLock(self.out_path):
+                    return self._run_locked()
+            except LockHeld as e:
+                raise JobExit(EXIT_TEMPFAIL, str(e)) from None
+            except OutputError as e:
+                raise self._output_failed(e) from None
+
+    def _check_outputs(self) -> None:
+        """Refuse a path this run cannot write now, before the model loads, not after."""
+        out = self.out_path
+        paths = [
+            ("output", out, True),
+            ("errors file", self.err_path, True),
+            ("summary", self.s.summary_json, False),  # /dev/stdout will do
+            ("lock", lock_path(out), True),
+            ("manifest", manifest_path(out), True),
+        ]
+        paths = [(what, path, regular) for what, path, regular in paths if path is not None]
+        for what, path, regular in paths:
+            try:
+                problem = _unwritable(path, regular)
+            except OSError as e:
+                problem = e.strerror or str(e)
+            if problem is not None:
+                raise JobExit(EXIT_USAGE, f"cannot write the {what} {path}: {problem}")
+        for what, path, _ in paths:  # only once every path is known to be usable
+            try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with JobLock(self.out_path):
-                return self._run_locked()
-        except LockHeld as e:
-            raise JobExit(EXIT_TEMPFAIL, str(e)) from None
+            except OSError as e:
+                raise JobExit(EXIT_USAGE, f"cannot write the {what} {path}: {e.strerror}") from None
+
+    def _output_failed(self, e: OSError) -> JobExit:
+        """The exit of a file that could not be written: whatever was written is kept."""
+        store = self.store
+        kept = store.num_ok_before + store.num_errors_before if store else 0
+        kept += store.num_ok + store.num_errors if store else 0
+        where = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+        if e.errno in _FULL_ERRNOS:
+            return JobExit(
+                EXIT_TEMPFAIL,
+                f"the disk is full ({where}); the {kept} records written are kept: free some "
+                "space, then rerun the same command to resume",
+            )
+        if e.errno in _PATH_ERRNOS and not self._graceful:
+            return JobExit(EXIT_USAGE, f"cannot write {where}; give a path that can be written")
+        return JobExit(
+            EXIT_IOERR,
+            f"cannot write {where}; the {kept} records written are kept: rerun the same command "
+            "to resume once the file can be written",
+        )
 
     def _check_input(self) -> None:
         src = self.s.input
@@ -154,21 +244,32 @@ class GenerateJob:
                 f.read(1)
             input_kind(src)
         except OSError as e:
-            raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e}") from None
+            raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e.strerror or e}") from None
         except InputError as e:
             raise JobExit(EXIT_DATAERR, str(e)) from None
 
+    def _check_results(self, check) -> None:
+        try:
+            check()
+        except NotResults as e:
+            flag = "-o" if e.path == self.out_path else "--errors"
+            msg = f"{e}: name a new file (or this job's own) with {flag}"
+            raise JobExit(EXIT_USAGE, msg) from None
+        except CorruptResults as e:
+            raise JobExit(EXIT_DATAERR, f"cannot resume: {e}") from None
+
     def _run_locked(self) -> dict[str, Any]:
+        store = self.store
+        self._check_results(store.scan)  # before the model loads, and before a file is touched
         llm = self.start_engine()
         try:
             check_manifest(manifest_path(self.out_path), self._manifest(llm), self.force)
         except ManifestMismatch as e:
             raise JobExit(EXIT_USAGE, str(e)) from None
-        store = ResultStore(self.out_path, self.err_path, fsync_every=self.s.fsync_every)
-        try:
-            store.open()
-        except CorruptResults as e:
-            raise JobExit(EXIT_DATAERR, f"cannot resume: {e}") from None
+        self._graceful = True  # a signal from here on stops admission and keeps every record
+        if self.stop_signal is not None:  # one that the engine's start-up caught and went on
+            raise JobStopped(self.stop_signal)
+        store.open()
         limits = ReaderLimits(
             max_line_bytes=self.s.max_line_bytes,
             max_tokens_limit=llm.max_model_len,
@@ -188,19 +289,23 @@ class GenerateJob:
             lines=total,
         )
         t0 = time.perf_counter()
-        previous = self._install_signal_handlers()
+        failed = True
         try:
             for out in llm.stream(self._feed(store, limits), should_stop=self._stopping):
                 self._record(store, out)
                 self._progress(llm, t0)
+            failed = False
         except InputError as e:  # a compressed input damaged part way: what came before is kept
             llm.abort_all()
             msg = f"{e}; the results so far are kept: rerun to resume once it is whole"
             raise JobExit(EXIT_DATAERR, msg) from None
         finally:
-            self._restore_signal_handlers(previous)
-            store.close()
             self.report.close()
+            if failed:  # the first error is the one to report
+                with contextlib.suppress(OSError):
+                    store.close()
+            else:
+                store.close()
         summary = self._summary(llm, store, time.perf_counter() - t0)
         self._finish(summary, store)
         return summary
@@ -243,7 +348,7 @@ class GenerateJob:
             if self._stopping():
                 return
             if isinstance(item, LineError):
-                if item.line_no in store.done_error_lines:
+                if store.has_error_record(item.line_no, item.custom_id, item.code):
                     c.skipped += 1
                     continue
                 store.write(
@@ -311,20 +416,38 @@ class GenerateJob:
 
     # ------------------------------------------------------------------ signals
 
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, self._on_signal)
-        return previous
-
-    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT handled by the job inside the block (nested blocks share one): the
+        command holds it from before the model loads to its last line printed."""
+        if self._handlers is not None:
+            yield
+            return
+        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)
+            self._handlers = None
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.stop_signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.stop_signal = signum
+        if not self._graceful:
+            raise JobStopped(signum)
+
+    def stopped(self) -> JobExit | None:
+        """The exit of a signal that came after the last request (while the summary printed)."""
+        if self.stop_signal is None:
+            return None
+        name = signal.Signals(self.stop_signal).name
+        return JobExit(
+            stop_code(self.stop_signal),
+            f"stopped by {name} after the last request: every record is written; rerun the "
+            "same command to finish",
+        )
 
     def _stopping(self) -> bool:
         return self.stop_signal is not None
@@ -360,14 +483,36 @@ class GenerateJob:
 
     def _finish(self, summary: dict[str, Any], store: ResultStore) -> None:
         if self.stop_signal is not None:
-            code = EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_TEMPFAIL
             raise JobExit(
-                code,
+                stop_code(self.stop_signal),
                 f"stopped by {summary['interrupted_by']}: rerun the same command "
                 f"to resume ({summary['ok'] + summary['failed']} results kept)",
             )
         if self.counts.valid_lines == 0:
             raise JobExit(EXIT_DATAERR, f"no valid request in {self.s.input}; see {self.err_path}")
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _unwritable(path: Path, regular: bool) -> str | None:
+    """Why `path` cannot be written as a file, or None; a missing folder counts as creatable."""
+    if path.is_dir():
+        return "it is a folder; give a file path"
+    if path.exists():
+        if regular and not path.is_file():
+            return "it is not a regular file"
+        if not os.access(path, os.W_OK):
+            return "it is not writable (its mode, or a read-only disk)"
+        return None
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable (its mode, or a read-only disk)"
+    return None
 
 
 def exit_code_for(summary: dict[str, Any]) -> int:

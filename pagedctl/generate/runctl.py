@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pagedctl.generate.store import fsync_dir
+from pagedctl.generate.store import OutputError, fsync_dir
 
 # Manifest keys that are not compared on resume: bookkeeping, and "capacity" (settings that change
 # how fast a job runs, not what it writes: batch sizes, pool size, block size, device).
@@ -56,8 +56,11 @@ class JobLock:
         """Take the lock and record this pid in it; raise LockHeld at once if it is taken."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise OutputError(e.errno, e.strerror or str(e), str(self.path)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,9 +74,13 @@ class JobLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            self.release()
+            raise OutputError(e.errno, e.strerror or str(e), str(self.path)) from None
 
     def release(self) -> None:
         """Clear the pid and drop the lock (the lock file stays: deleting it would race)."""
@@ -134,15 +141,21 @@ def _write_json_atomic(path: Path, data: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        raise OutputError(e.errno, e.strerror or str(e), str(path)) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    fsync_dir(path.parent)
 
 
 def _read_manifest(path: Path, force: bool) -> dict:
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise OutputError(e.errno, e.strerror or str(e), str(path)) from None
+    try:
+        old = json.loads(text)
         if not isinstance(old, dict):
             raise ValueError("not a JSON object")
         return old
