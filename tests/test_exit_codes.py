@@ -86,6 +86,8 @@ def _small_file_limit() -> None:  # runs in the child: a file may not grow past 
 
 def _handles_sigterm(pid: int) -> bool:
     try:
+        if b"pagedctl" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # not yet exec'd: the handlers are still those of the test
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,17 +94,25 @@ def without_root_powers() -> list[str] | None:
     if setpriv is None:
         return None
     prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
-    probe = subprocess.run(
-        [*prefix, sys.executable, "-c", "open('/proc/1/environ').read()"],
-        capture_output=True,
-        timeout=30,
-    )
-    return prefix if probe.returncode != 0 else None
+    with tempfile.TemporaryDirectory() as d:
+        secret = Path(d) / "secret"
+        secret.write_text("x")
+        secret.chmod(0o000)
+        code = f"""
+try:
+    open({str(secret)!r}).read()
+except PermissionError:
+    raise SystemExit(42)
+"""
+        probe = subprocess.run([*prefix, sys.executable, "-c", code], timeout=30)
+    return prefix if probe.returncode == 42 else None
 
 
 def handles(pid: int, sig: int) -> bool:
-    """Whether process `pid` has a handler of its own for `sig` (from /proc/<pid>/status)."""
+    """Whether process `pid` runs pagedctl and has a handler of its own for `sig` (from /proc)."""
     try:
+        if b"pagedctl" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # not yet exec'd: the handlers are still those of the test
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
