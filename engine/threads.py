@@ -3,9 +3,9 @@
 torch starts one intra-op thread per CPU, and its OpenMP threads spin-wait for each other at the
 end of every parallel region. When another process holds one of those CPUs, every region waits
 for the thread that lost its CPU, so a job slows down many times over, not in proportion to the
-CPU it lost: on a 2-core machine with one other busy process, the default 2 threads ran 9.5x
-slower than 1. Too few threads costs at most the share of the CPUs left idle, so the automatic
-choice leans low.
+CPU it lost: on a 2-core machine beside one or two busy processes, the default 2 threads ran 2 to
+5 times slower than 1 (results/cpu-threads.md). Too few threads costs at most the share of the
+CPUs left idle, so the automatic choice leans low.
 
 The automatic rule (`choose_threads`), on the CPU only:
 
