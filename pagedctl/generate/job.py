@@ -167,6 +167,7 @@ class GenerateJob:
         self.quiet, self.log_format = quiet, log_format
         self.out_path, self.err_path = output_paths(settings)
         self.report: Reporter | None = None
+        self.total_lines = 0
         self.counts = JobCounts()
         self.stop_signal: int | None = None
         self.llm = None
@@ -243,6 +244,8 @@ class GenerateJob:
             with src.open("rb") as f:
                 f.read(1)
             input_kind(src)
+            # A whole read, before the model loads: a compressed input's damage shows here.
+            self.total_lines = count_lines(src)
         except OSError as e:
             raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e.strerror or e}") from None
         except InputError as e:
@@ -276,10 +279,7 @@ class GenerateJob:
             default_max_tokens=int(self.s.sampling.get("max_tokens", 256)),
             models=None if self.s.accept_any_model else self._model_names(llm),
         )
-        try:
-            total = count_lines(self.s.input)  # reads a compressed input whole: damage shows here
-        except InputError as e:
-            raise JobExit(EXIT_DATAERR, str(e)) from None
+        total = self.total_lines
         self.report = Reporter(total, quiet=self.quiet, log_format=self.log_format)
         self.report.event(
             "start",

@@ -251,11 +251,11 @@ def _duplicate(line_no: int, custom_id: str) -> LineError:
 
 
 # Lines that are refused whole but whose id can still be read, so that their record names it.
-_SALVAGE = ("duplicate_key", "invalid_utf8")
+_SALVAGE = ("duplicate_key", "invalid_utf8", "invalid_json")  # invalid_json: NaN, Infinity
 
 
 def _salvaged_id(raw: bytes) -> str | None:
-    """The id of a line with a key given twice or a stray non-UTF-8 byte, if the id itself is
+    """The id of a line with a key given twice, a stray non-UTF-8 byte or a NaN, if the id is
     whole and unambiguous."""
     try:  # every object as its list of pairs, so that a repeated id key shows
         pairs = json.loads(raw.decode("utf-8", errors="replace"), object_pairs_hook=list)
