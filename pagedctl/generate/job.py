@@ -28,6 +28,7 @@ from pagedctl.engine import SamplingParams
 from pagedctl.engine.token_bytes import TokenBytes
 from pagedctl.exits import (
     EXIT_DATAERR,
+    EXIT_FAILED,
     EXIT_IOERR,
     EXIT_OK,
     EXIT_PARTIAL,
@@ -57,6 +58,8 @@ from pagedctl.generate.runctl import (
     manifest_path,
 )
 from pagedctl.generate.store import CorruptResults, NotResults, OutputError, ResultStore
+
+ENGINE_BROKEN_AFTER = 8  # engine failures in a row, no success between, that stop a job
 
 
 class JobExit(Exception):
@@ -168,6 +171,7 @@ class GenerateJob:
         self.out_path, self.err_path = output_paths(settings)
         self.report: Reporter | None = None
         self.total_lines = 0
+        self._held: list[tuple[Any, int]] = []  # engine failures not yet written (see _hold)
         self.counts = JobCounts()
         self.stop_signal: int | None = None
         self.llm = None
@@ -294,6 +298,7 @@ class GenerateJob:
             for out in llm.stream(self._feed(store, limits), should_stop=self._stopping):
                 self._record(store, out)
                 self._progress(llm, t0)
+            self._write_held(store)  # fewer than ENGINE_BROKEN_AFTER: failures of their own
             failed = False
         except InputError as e:  # a compressed input damaged part way: what came before is kept
             llm.abort_all()
@@ -374,14 +379,40 @@ class GenerateJob:
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")
             if record is not None:
+                self._write_held(store)
                 store.write(record, ok=True)
                 c.ok += 1
                 c.prompt_tokens += len(out.prompt_token_ids)
                 c.output_tokens += sum(len(o.token_ids) for o in out.outputs)
                 return
         code = out.error_code or "request_failed"
+        if code == "internal_error":
+            self._hold(store, out, line_no)
+            return
         store.write(error_record(out.request_id, code, out.error, line_no), ok=False)
         c.failed += 1
+
+    def _hold(self, store: ResultStore, out, line_no: int) -> None:
+        """Keep an engine failure back until a success shows the engine works: then it is the
+        request's own failure and gets its record. `ENGINE_BROKEN_AFTER` of them in a row with
+        no success between is a broken engine (a device that fails every step): the job stops
+        with none of them recorded, so that a rerun runs them again, rather than turning the
+        rest of the input into error records."""
+        self._held.append((out, line_no))
+        if len(self._held) >= ENGINE_BROKEN_AFTER:
+            self.llm.abort_all()
+            raise JobExit(
+                EXIT_FAILED,
+                f"the engine failed on {len(self._held)} requests in a row, none in between "
+                f"succeeding (the last: {out.error}); stopped with those unrecorded, so that "
+                "a rerun retries them once the engine or device is fixed",
+            )
+
+    def _write_held(self, store: ResultStore) -> None:
+        for out, line_no in self._held:
+            store.write(error_record(out.request_id, "internal_error", out.error, line_no), False)
+            self.counts.failed += 1
+        self._held.clear()
 
     @property
     def _token_bytes(self) -> TokenBytes | None:
