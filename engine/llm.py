@@ -31,7 +31,7 @@ from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .threads import apply_threads
+from .threads import apply_threads, watch_threads
 from .weights import iter_weights, load_tokenizer
 
 logger = logging.getLogger("pagedctl.engine")
@@ -115,6 +115,7 @@ class LLM:
     def _build_engine(self, c: EngineConfig) -> None:
         self._release_engine()
         apply_threads(c.num_threads, self.device.type)
+        self._threads = watch_threads(c.num_threads, self.device.type)
         weights = sum(p.nbytes for p in self.model.parameters())
         self.memory: dict = {"weights_bytes": weights, "utilization": None}
         total = _device_total(self.device) if self.device.type == "cuda" else 0
@@ -256,6 +257,8 @@ class LLM:
                 if exhausted:
                     return
                 continue
+            if self._threads is not None:
+                self._threads.tick()
             yield from self.step()
 
     def abort_all(self) -> int:

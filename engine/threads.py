@@ -22,7 +22,11 @@ The automatic rule (`choose_threads`), on the CPU only:
 
 The choice is made once per process, at the first engine start, and kept by later engines and
 `reconfigure` (a sweep's points must not differ in their thread count by accident); a given
-`num_threads` applies at every start. On CUDA, torch's count stands unless `num_threads` is given:
+`num_threads` applies at every start. While a run goes on, `ThreadWatch` takes the same
+measure again every `RECHECK_S` over the whole time since the last one (no sleep: the engine's
+own steps fill the window), and moves the count when the other work on the machine came or went:
+a nightly job started on an idle machine must not spin two threads against a backup that began
+an hour later. On CUDA, torch's count stands unless `num_threads` is given:
 the host threads only launch work there.
 """
 
@@ -41,6 +45,7 @@ logger = logging.getLogger("pagedctl.engine")
 ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 SAMPLE_S = 0.15  # long enough for 15 clock ticks per CPU, short beside loading a model
 MARGIN = 0.25  # a CPU busy with other work less than a quarter of the time still counts as free
+RECHECK_S = 5.0  # how often a running engine measures the other work again
 
 _auto: tuple[int, str] | None = None  # this process's automatic choice, made once
 _shown: tuple[int, str] | None = None  # the last choice logged
@@ -206,6 +211,63 @@ def measure_busy(cpus: list[int] | None, window_s: float = SAMPLE_S) -> float | 
         return None
     busy = busy_between(before, after, cpus if cpus is not None else sorted(before))
     return max(0.0, busy - own / wall) if wall > 0 else busy
+
+
+def _read_proc_stat() -> dict[int, tuple[int, int]] | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            return parse_proc_stat(f.read()) or None
+    except (OSError, ValueError):
+        return None
+
+
+class ThreadWatch:
+    """Re-chooses the automatic thread count while the engine runs (see the module docstring).
+
+    `tick()` is cheap (a clock read) except every `RECHECK_S`, when it reads `/proc/stat` and
+    this process's CPU time and compares them with the last reading. It must run on the thread
+    that runs the model: `torch.set_num_threads` sets the calling thread's pool.
+    """
+
+    def __init__(self, cpus: list[int] | None, torch_threads: int, quota: float | None) -> None:
+        self.cpus = cpus
+        self.count = len(cpus) if cpus else (os.cpu_count() or 1)
+        self.torch_threads, self.quota = torch_threads, quota
+        self._mark: tuple[float, float, dict[int, tuple[int, int]]] | None = None
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self._mark is not None and now - self._mark[0] < RECHECK_S:
+            return
+        stat = _read_proc_stat()
+        if stat is None:
+            return
+        own = time.process_time()
+        if self._mark is not None:
+            wall = now - self._mark[0]
+            busy = busy_between(self._mark[2], stat, self.cpus or sorted(stat))
+            self.adjust(max(0.0, busy - (own - self._mark[1]) / wall))
+        self._mark = (now, own, stat)
+
+    def adjust(self, busy: float) -> int:
+        """Apply the count for `busy` CPUs of other work; log it when it changes."""
+        threads, why = choose_threads(
+            self.count, self.torch_threads, quota=self.quota, busy=busy, env={}
+        )
+        current = torch.get_num_threads()
+        if threads != current:
+            torch.set_num_threads(threads)
+            logger.info("CPU threads: %d, was %d (%s)", threads, current, why)
+        return threads
+
+
+def watch_threads(num_threads: int | None, device_type: str) -> ThreadWatch | None:
+    """A `ThreadWatch` for an engine whose count is automatic on the CPU, else None."""
+    if num_threads is not None or device_type != "cpu":
+        return None
+    if any(os.environ.get(v, "").strip() for v in ENV_VARS):
+        return None
+    return ThreadWatch(affinity_cpus(), _torch_default(), cgroup_cpu_quota())
 
 
 def auto_threads(torch_threads: int, env: Mapping[str, str] | None = None) -> tuple[int, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from pagedctl.engine import threads as th
 from pagedctl.engine.config import ConfigError, EngineConfig
@@ -123,3 +124,57 @@ def test_apply_threads(monkeypatch, caplog):
         ]
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_running_engine_follows_the_other_work(monkeypatch, caplog):
+    """Other work that starts after the engine (a backup an hour into a nightly job) takes the
+    count down; work that ends gives it back. Each reading spans the time since the last."""
+    before = torch.get_num_threads()
+    ticks = {"busy": 0, "all": 0}
+    own = {"cpu": 0.0}
+
+    def stat():  # two CPUs; their busy and total ticks, 100 per second each
+        return {
+            0: (ticks["busy"] // 2, ticks["all"] // 2),
+            1: (ticks["busy"] // 2, ticks["all"] // 2),
+        }
+
+    def elapse(seconds: float, others: float, ours: float) -> None:
+        ticks["all"] += int(200 * seconds)
+        ticks["busy"] += int(100 * seconds * (others + ours))
+        own["cpu"] += seconds * ours
+
+    monkeypatch.setattr(th, "_read_proc_stat", stat)
+    monkeypatch.setattr(th.time, "process_time", lambda: own["cpu"])
+    watch = th.ThreadWatch([0, 1], 2, None)
+    try:
+        torch.set_num_threads(2)
+        now = 100.0
+        watch.tick(now)  # the first reading only marks the time
+        with caplog.at_level(logging.INFO, logger="pagedctl.engine"):
+            elapse(th.RECHECK_S, others=1.0, ours=1.0)  # a busy process came: it shares the CPUs
+            now += th.RECHECK_S
+            watch.tick(now)
+            assert torch.get_num_threads() == 1
+            elapse(1.0, others=1.0, ours=1.0)
+            watch.tick(now + 1.0)  # not yet time to look again
+            assert torch.get_num_threads() == 1
+            elapse(th.RECHECK_S, others=0.0, ours=1.0)  # it ended: one CPU idles
+            now += th.RECHECK_S
+            watch.tick(now)
+            assert torch.get_num_threads() == 2
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages[0].startswith("CPU threads: 1, was 2 (2 CPUs in affinity, 1.0 busy")
+        assert messages[1].startswith("CPU threads: 2, was 1")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_no_watch_when_the_count_is_given_or_not_on_the_cpu(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    assert th.watch_threads(2, "cpu") is None
+    assert th.watch_threads(None, "cuda") is None
+    assert isinstance(th.watch_threads(None, "cpu"), th.ThreadWatch)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert th.watch_threads(None, "cpu") is None
