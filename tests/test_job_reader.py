@@ -187,7 +187,7 @@ ERROR_CASES: list[tuple[str, bytes | dict, str | None]] = [
     ("invalid_utf8", b'{"id": "a", "prompt": "\xff"}', "a"),
     ("invalid_utf8", b'{"id": "a\xff", "prompt": "p"}', None),
     ("invalid_json", b'{"id": "a", "prompt": ', None),
-    ("invalid_json", b'{"id": "a", "prompt": "p", "temperature": NaN}', None),
+    ("invalid_json", b'{"id": "a", "prompt": "p", "temperature": NaN}', "a"),
     ("invalid_json", b"[" * 100_000 + b"]" * 100_000, None),
     ("not_an_object", b'["a"]', None),
     ("not_an_object", b"42", None),
