@@ -30,6 +30,12 @@ def flag_of(name: str) -> str:
     return flag_names(name)[0]
 
 
+def with_default(help: str, default: str) -> str:
+    """`help` ending in its default as a plain `[default: X]` (pass `show_default=False`): click
+    would put a default given as text in parentheses, its mark of a description, not a value."""
+    return f"{help}  [default: {default}]"
+
+
 def _help(name: str, more: str = "") -> str:
     """The help line of setting `name`, ending in its default as click writes one.
 
@@ -39,7 +45,7 @@ def _help(name: str, more: str = "") -> str:
     """
     s = SETTINGS[name]
     unit = f" ({s.unit})" if s.unit and s.unit != "fraction" else ""
-    return f"{s.help.rstrip('.')}{unit}.{more}  [default: {show_default(name)}]"
+    return with_default(f"{s.help.rstrip('.')}{unit}.{more}", show_default(name))
 
 
 def _engine_option(name: str) -> tuple[type, Any]:

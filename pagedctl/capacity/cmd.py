@@ -14,6 +14,7 @@ from pagedctl.capacity.inputs import fail
 from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
 from pagedctl.capacity.run import CapacityRun
 from pagedctl.engine.config import DEFAULTS as ENGINE_DEFAULTS
+from pagedctl.options import with_default
 from pagedctl.recipe_file import RecipeError, find_recipe
 
 DEFAULTS: dict[str, Any] = {
@@ -45,8 +46,11 @@ def capacity(
         None,
         "--gpu-memory-utilization",
         "--gpu-mem",
-        help="Fraction(s) of total device memory the engine may use, e.g. 0.7,0.9.",
-        show_default=str(ENGINE_DEFAULTS["gpu_memory_utilization"]),
+        help=with_default(
+            "Fraction(s) of total device memory the engine may use, e.g. 0.7,0.9.",
+            str(ENGINE_DEFAULTS["gpu_memory_utilization"]),
+        ),
+        show_default=False,
     ),
     non_kv_memory: str | None = typer.Option(
         None,
@@ -66,16 +70,18 @@ def capacity(
     block_size: str | None = typer.Option(
         None,
         "--block-size",
-        help="KV block size(s) in tokens, e.g. 16,32,64.",
-        show_default=str(ENGINE_DEFAULTS["block_size"]),
+        help=with_default(
+            "KV block size(s) in tokens, e.g. 16,32,64.", str(ENGINE_DEFAULTS["block_size"])
+        ),
+        show_default=False,
     ),
     max_len: int | None = typer.Option(
         None,
         "--max-len",
         "--max-model-len",
         min=1,
-        help="Longest sequence, prompt + output.",
-        show_default="the model's",
+        help=with_default("Longest sequence, prompt + output.", "the model's"),
+        show_default=False,
     ),
     lengths: Path | None = typer.Option(
         None, "--lengths", help="JSONL job whose requests give the lengths."
@@ -90,29 +96,37 @@ def capacity(
         None,
         "--shared-prefix",
         min=0,
-        help="Tokens every sequence shares (paged only).",
-        show_default="0",
+        help=with_default("Tokens every sequence shares (paged only).", "0"),
+        show_default=False,
     ),
     loads: str | None = typer.Option(
         None,
-        help="Simulated loads: offered token-time / pool.",
-        show_default="0.25,0.5,0.75,1,1.25",
+        help=with_default("Simulated loads: offered token-time / pool.", "0.25,0.5,0.75,1,1.25"),
+        show_default=False,
     ),
     requests: int | None = typer.Option(
-        None, "--requests", min=100, help="Simulated requests per load.", show_default="100000"
+        None,
+        "--requests",
+        min=100,
+        help=with_default("Simulated requests per load.", "100000"),
+        show_default=False,
     ),
-    seed: int | None = typer.Option(None, help="Seed of the simulated stream.", show_default="0"),
+    seed: int | None = typer.Option(
+        None, help=with_default("Seed of the simulated stream.", "0"), show_default=False
+    ),
     cuda_context: str | None = typer.Option(
         None,
         "--cuda-context",
-        help="CUDA context, for whole-card reservations.",
-        show_default="256MiB",
+        help=with_default("CUDA context, for whole-card reservations.", "256MiB"),
+        show_default=False,
     ),
     cuda_graphs: bool | None = typer.Option(
         None,
         "--cuda-graphs/--no-cuda-graphs",
-        help="Count the pool the engine's step graphs keep (its default on CUDA).",
-        show_default="on",
+        help=with_default(
+            "Count the pool the engine's step graphs keep (its default on CUDA).", "on"
+        ),
+        show_default=False,
     ),
     no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulation."),
     probe: bool = typer.Option(False, "--probe", help="Measure on this machine's GPU."),

@@ -31,7 +31,7 @@ from pagedctl.exits import (
 )
 from pagedctl.generate.job import GenerateJob, JobExit, JobStopped, exit_code_for
 from pagedctl.generate.recipe import load_recipe, merge
-from pagedctl.options import engine_flags
+from pagedctl.options import engine_flags, with_default
 from pagedctl.recipe_file import RecipeError, find_recipe
 
 _EXIT_HELP = "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
@@ -63,21 +63,38 @@ def generate(
         None, help="Input JSONL (OpenAI batch lines or simple lines).", readable=False
     ),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Results file.", show_default="IN.out.jsonl", readable=False
+        None,
+        "-o",
+        "--output",
+        help=with_default("Results file.", "IN.out.jsonl"),
+        show_default=False,
+        readable=False,
     ),
     errors: Path | None = typer.Option(
-        None, "--errors", help="Error records.", show_default="IN.errors.jsonl", readable=False
+        None,
+        "--errors",
+        help=with_default("Error records.", "IN.errors.jsonl"),
+        show_default=False,
+        readable=False,
     ),
     recipe: Path | None = typer.Option(None, "--recipe", help="YAML recipe; flags override it."),
     max_tokens: int | None = typer.Option(
-        None, help="Default max_tokens of a line that gives none.", show_default="256"
+        None,
+        help=with_default("Default max_tokens of a line that gives none.", "256"),
+        show_default=False,
     ),
     temperature: float | None = typer.Option(
-        None, help="Default temperature (0 is greedy).", show_default="1.0"
+        None, help=with_default("Default temperature (0 is greedy).", "1.0"), show_default=False
     ),
-    top_p: float | None = typer.Option(None, help="Default top_p.", show_default="1.0"),
-    top_k: int | None = typer.Option(None, help="Default top_k (0 is off).", show_default="0"),
-    min_p: float | None = typer.Option(None, help="Default min_p.", show_default="0.0"),
+    top_p: float | None = typer.Option(
+        None, help=with_default("Default top_p.", "1.0"), show_default=False
+    ),
+    top_k: int | None = typer.Option(
+        None, help=with_default("Default top_k (0 is off).", "0"), show_default=False
+    ),
+    min_p: float | None = typer.Option(
+        None, help=with_default("Default min_p.", "0.0"), show_default=False
+    ),
     stop: list[str] | None = typer.Option(None, "--stop", help="Default stop string (repeatable)."),
     ignore_eos: bool | None = typer.Option(
         None, "--ignore-eos", help="Default: keep going past EOS."
@@ -95,7 +112,7 @@ def generate(
         show_default=False,
     ),
     max_line_bytes: int | None = typer.Option(
-        None, min=1, help="Longest input line in bytes.", show_default="4 MiB"
+        None, min=1, help=with_default("Longest input line in bytes.", "4 MiB"), show_default=False
     ),
     engine: dict[str, Any] | None = None,
 ) -> None:
