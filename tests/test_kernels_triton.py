@@ -9,8 +9,6 @@ skipped in a process without the variable.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from tests import interp_suite
 from tests.test_kernels_reference import naive_attention
 
 triton = pytest.importorskip("triton")
@@ -35,16 +34,11 @@ TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
 
 
 def run_interpreter_suite(test_file: str) -> None:
-    """Run a test file's `test_interp_*` cases in a child pytest under `TRITON_INTERPRET=1`
-    (which must be set before any kernel is JIT-ed); every one must run and pass."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", test_file, "-q", "-x", "-p", "no:cacheprovider"]
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [*cmd, "-k", "test_interp_"], env=env, cwd=root, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+    """A test file's `test_interp_*` cases, run in a child pytest under `TRITON_INTERPRET=1`
+    (started at collection, see tests/interp_suite.py); every one must run and pass."""
+    code, output = interp_suite.result(test_file)
+    assert code == 0, output[-9000:]
+    assert " passed" in output and "skipped" not in output.strip().splitlines()[-1]
 
 
 @compiled

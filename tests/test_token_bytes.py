@@ -16,7 +16,10 @@ def tokenizer():
     return load_tokenizer(resolve_model(bundled_model()))
 
 
-@pytest.mark.parametrize("text", ["Hi 😀 café", "日本語のテキスト", " two  spaces\n\ttab", "🇫🇷🧑‍🚀"])
+TEXTS = ["Hi 😀 café", "日本語のテキスト", " two  spaces\n\ttab", "🇫🇷🧑‍🚀"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
 def test_bytes_spell_the_text(tokenizer, text: str) -> None:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     token_bytes = TokenBytes(tokenizer)
