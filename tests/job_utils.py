@@ -82,3 +82,15 @@ def check_ok_line(r: dict) -> dict:
 def completion_text(body: dict, i: int = 0) -> str:
     choice = body["choices"][i]
     return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def handles(pid: int, sig: int) -> bool:
+    """Whether process `pid` runs pagedctl and has a handler of its own for `sig` (from /proc)."""
+    try:
+        if b"pagedctl" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # not yet exec'd: the handlers are still those of the test
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (sig - 1) & 1)

@@ -18,6 +18,7 @@ import pytest
 
 from pagedctl.exits import EXIT_CODES, EXIT_USAGE
 from pagedctl.generate.runctl import JobLock
+from tests.job_utils import handles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,17 +85,6 @@ def _small_file_limit() -> None:  # runs in the child: a file may not grow past 
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 
 
-def _handles_sigterm(pid: int) -> bool:
-    try:
-        if b"pagedctl" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False  # not yet exec'd: the handlers are still those of the test
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
-
-
 slow = pytest.mark.slow
 WALK = {
     0: "every line succeeds",
@@ -150,7 +140,7 @@ def test_generate_reaches_each_exit_code_and_says_so_in_json(tmp_path, code):
             cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         deadline = time.monotonic() + 60
-        while not _handles_sigterm(proc.pid) and proc.poll() is None:
+        while not handles(proc.pid, signal.SIGTERM) and proc.poll() is None:
             assert time.monotonic() < deadline
             time.sleep(0.005)
         proc.send_signal(signal.SIGINT)

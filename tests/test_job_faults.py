@@ -31,7 +31,7 @@ from pagedctl.exits import (
 )
 from pagedctl.generate.job import GenerateJob, JobExit, JobStopped
 from pagedctl.generate.recipe import JobSettings
-from tests.job_utils import by_id, read_jsonl, write_jsonl
+from tests.job_utils import by_id, handles, read_jsonl, write_jsonl
 
 TINY = ["--model", "tiny-llama", "--num-blocks", "64", "--max-num-seqs", "2", "--ignore-eos"]
 NO_MODEL = ["--model", "no-such-model-is-ever-loaded"]  # a check that passes would load it
@@ -106,18 +106,6 @@ except PermissionError:
 """
         probe = subprocess.run([*prefix, sys.executable, "-c", code], timeout=30)
     return prefix if probe.returncode == 42 else None
-
-
-def handles(pid: int, sig: int) -> bool:
-    """Whether process `pid` runs pagedctl and has a handler of its own for `sig` (from /proc)."""
-    try:
-        if b"pagedctl" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False  # not yet exec'd: the handlers are still those of the test
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(caught.split()[1], 16) >> (sig - 1) & 1)
 
 
 def wait_until(cond, proc: subprocess.Popen, timeout: float = 60) -> None:

@@ -14,8 +14,6 @@ the run with what it wrote kept (75 for a full disk, 74 for another I/O error).
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -32,10 +30,11 @@ from pagedctl.exits import (
     EXIT_IOERR,
     EXIT_OK,
     EXIT_PARTIAL,
-    EXIT_SIGINT,
     EXIT_TEMPFAIL,
     EXIT_USAGE,
 )
+from pagedctl.generate.errors import FULL_ERRNOS, PATH_ERRNOS, JobExit, JobStopped, stop_code
+from pagedctl.generate.paths import check_writable, output_paths
 from pagedctl.generate.progress import Reporter
 from pagedctl.generate.reader import (
     InputError,
@@ -62,44 +61,6 @@ from pagedctl.generate.store import CorruptResults, NotResults, OutputError, Res
 ENGINE_BROKEN_AFTER = 8  # engine failures in a row, no success between, that stop a job
 
 
-class JobExit(Exception):
-    """Ends the job with an exit code and a message (the command prints it)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class JobStopped(BaseException):
-    """SIGTERM or SIGINT before the first request: raised from the handler (a model load can take
-    minutes and cannot look at a flag), and, like KeyboardInterrupt, not caught as an error."""
-
-    def __init__(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} before the first request: rerun the same command")
-        self.code = stop_code(signum)
-
-
-def stop_code(signum: int) -> int:
-    return EXIT_SIGINT if signum == signal.SIGINT else EXIT_TEMPFAIL
-
-
-# The errors of a path that cannot be used as it is given: the command must change (64). A full
-# disk is "retry later" (75); any other error is the disk's (74).
-_PATH_ERRNOS = {
-    errno.EACCES,
-    errno.EPERM,
-    errno.EROFS,
-    errno.ENOTDIR,
-    errno.EISDIR,
-    errno.ENOENT,
-    errno.ENAMETOOLONG,
-    errno.ELOOP,
-    errno.EEXIST,
-}
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-
-
 @dataclass
 class JobCounts:
     ok: int = 0
@@ -111,52 +72,6 @@ class JobCounts:
     pending: dict[str, tuple[int, str]] = field(
         default_factory=dict
     )  # custom_id -> (line, endpoint)
-
-
-def output_paths(settings: JobSettings) -> tuple[Path, Path]:
-    """`<stem>.out.jsonl` and `<stem>.errors.jsonl` beside the input unless given; the errors
-    file follows a given output (`-o x.out.jsonl` alone: `x.errors.jsonl` beside it)."""
-    src = settings.input
-    stem = _stem(src.name)
-    out = settings.output or src.with_name(f"{stem}.out.jsonl")
-    for path in (out, settings.errors):
-        if path is not None and path.suffix in COMPRESSED:
-            raise JobExit(
-                EXIT_USAGE,
-                f"{path}: results are written uncompressed, one durable line at a time (a torn "
-                "compressed tail could not be repaired on resume); compress the file after the "
-                "job, or name it .jsonl",
-            )
-    if settings.errors is not None:
-        err = settings.errors
-    elif settings.output is not None:
-        out_stem = _stem(out.name).removesuffix(".out")
-        err = out.with_name(f"{out_stem}.errors.jsonl")
-    else:
-        err = src.with_name(f"{stem}.errors.jsonl")
-    ids = {_identity(p) for p in (src, out, err)}
-    if len(ids) < 3:  # by path, and by file: a hard link or a symlink to the input is the input
-        raise JobExit(EXIT_USAGE, f"input {src}, output {out} and errors {err} must all differ")
-    return out, err
-
-
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
-
-
-def _stem(name: str) -> str:
-    """`in.jsonl.gz` -> `in`: outputs are named after the input without its compression."""
-    for suffix in COMPRESSED:
-        name = name.removesuffix(suffix)
-    return name.removesuffix(".jsonl").removesuffix(".json")
-
-
-def _identity(path: Path) -> tuple:
-    """An existing file's (device, inode), else its resolved path."""
-    try:
-        st = path.stat()
-    except OSError:
-        return (str(path.resolve()),)
-    return (st.st_dev, st.st_ino)
 
 
 class GenerateJob:
@@ -199,26 +114,13 @@ class GenerateJob:
     def _check_outputs(self) -> None:
         """Refuse a path this run cannot write now, before the model loads, not after."""
         out = self.out_path
-        paths = [
+        check_writable([
             ("output", out, True),
             ("errors file", self.err_path, True),
             ("summary", self.s.summary_json, False),  # /dev/stdout will do
             ("lock", lock_path(out), True),
             ("manifest", manifest_path(out), True),
-        ]
-        paths = [(what, path, regular) for what, path, regular in paths if path is not None]
-        for what, path, regular in paths:
-            try:
-                problem = _unwritable(path, regular)
-            except OSError as e:
-                problem = e.strerror or str(e)
-            if problem is not None:
-                raise JobExit(EXIT_USAGE, f"cannot write the {what} {path}: {problem}")
-        for what, path, _ in paths:  # only once every path is known to be usable
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise JobExit(EXIT_USAGE, f"cannot write the {what} {path}: {e.strerror}") from None
+        ])  # fmt: skip
 
     def _output_failed(self, e: OSError) -> JobExit:
         """The exit of a file that could not be written: whatever was written is kept."""
@@ -226,13 +128,13 @@ class GenerateJob:
         kept = store.num_ok_before + store.num_errors_before if store else 0
         kept += store.num_ok + store.num_errors if store else 0
         where = f"{e.filename}: {e.strerror}" if e.filename else str(e)
-        if e.errno in _FULL_ERRNOS:
+        if e.errno in FULL_ERRNOS:
             return JobExit(
                 EXIT_TEMPFAIL,
                 f"the disk is full ({where}); the {kept} records written are kept: free some "
                 "space, then rerun the same command to resume",
             )
-        if e.errno in _PATH_ERRNOS and not self._graceful:
+        if e.errno in PATH_ERRNOS and not self._graceful:
             return JobExit(EXIT_USAGE, f"cannot write {where}; give a path that can be written")
         return JobExit(
             EXIT_IOERR,
@@ -524,26 +426,6 @@ class GenerateJob:
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def _unwritable(path: Path, regular: bool) -> str | None:
-    """Why `path` cannot be written as a file, or None; a missing folder counts as creatable."""
-    if path.is_dir():
-        return "it is a folder; give a file path"
-    if path.exists():
-        if regular and not path.is_file():
-            return "it is not a regular file"
-        if not os.access(path, os.W_OK):
-            return "it is not writable (its mode, or a read-only disk)"
-        return None
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"{folder} is not writable (its mode, or a read-only disk)"
-    return None
 
 
 def exit_code_for(summary: dict[str, Any]) -> int:
