@@ -20,6 +20,7 @@ from .config import (
     SchedulerConfig,
     default_step_limits,
 )
+from .containment import execute_contained
 from .device import resolve_device, resolve_dtype
 from .kv_sizing import KVLayout, format_bytes, max_concurrency
 from .model_runner import ModelRunner
@@ -278,7 +279,7 @@ class LLM:
 
         A request on which the engine fails (the forward pass, the sampler or its text raising)
         ends alone, with `error_code="internal_error"`; the others in the step go on (see
-        `_execute`). KeyboardInterrupt, SystemExit and MemoryError still end the call.
+        `containment.py`). KeyboardInterrupt, SystemExit and MemoryError still end the call.
         """
         out = self.scheduler.schedule()
         k = self.config.num_scheduler_steps
@@ -291,7 +292,9 @@ class LLM:
         return self._run_step(out)
 
     def _run_step(self, out: SchedulerOutput, finished: Seq[Sequence] = ()) -> list[RequestOutput]:
-        sampled, logprobs, failed = self._execute(out) if out.seqs else ([], None, [])
+        sampled, logprobs, failed = (
+            execute_contained(self.runner, out) if out.seqs else ([], None, [])
+        )
         # Failed requests finish before `update`, which then skips their rows.
         finished = [*finished, *self._fail_requests(failed)]
         if logprobs is not None:
@@ -346,76 +349,6 @@ class LLM:
         return self._run_step(retry, finished)
 
     # ------------------------------------------------------------------ containment
-
-    def _execute(
-        self, out: SchedulerOutput
-    ) -> tuple[list[list[int]], list[list[float]] | None, list[tuple[Sequence, Exception]]]:
-        """Run a step: each row's sampled tokens, their logprobs (None if no row asked), and the
-        rows the step failed on, each with what it raised.
-
-        When the step raises, its rows run again in halves, each as a step of its own; a half
-        that fails again is halved again, down to single rows, which are then the culprits
-        (at most 2 * rows - 1 runs, never a loop). `Scheduler.update` has not run, so every
-        retried row computes the same tokens at the same positions from the same inputs and
-        rewrites its own KV slots. A greedy row's tokens are those of a run without the
-        culprit; a seeded row may draw anew if the failure came after the sampler's draw.
-        """
-        try:
-            result = self.runner.execute(out)
-        except MemoryError:  # the host is out of memory: retrying would only make it worse
-            raise
-        except Exception as exc:
-            if len(out.seqs) == 1:
-                return [[]], None, [(out.seqs[0], exc)]
-            return self._bisect(out, exc)
-        return result.sampled_token_ids, result.logprobs, []
-
-    def _bisect(self, out: SchedulerOutput, first: Exception):
-        n = len(out.seqs)
-        sampled: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] | None = None
-        culprits: list[tuple[Sequence, Exception]] = []
-        # Copy-on-write copies go with every retry up to the first that succeeds, none after.
-        # A copy is `dst <- src`, where `dst` is the copying row's own new block and `src` a
-        # block still held by others: the slots of `src` that the copying row reads are
-        # computed positions of every holder, which no row of this step writes, so a copy done
-        # again moves the same data. Only after a retry succeeded has some row written its new
-        # positions into a `dst`, which a later copy would overwrite; every row that ends well
-        # runs in or after that first success, after the last copy. Rows that fail write only
-        # their own slots, and are rewritten or freed.
-        copies = out.copies
-        pending = _halves(list(range(n)))
-        while pending:
-            rows = pending.pop()
-            sub = SchedulerOutput(
-                [out.seqs[i] for i in rows],
-                [out.num_new_tokens[i] for i in rows],
-                list(copies),
-            )
-            sub.total_num_scheduled_tokens = sum(sub.num_new_tokens)
-            try:
-                result = self.runner.execute(sub)
-            except MemoryError:
-                raise
-            except Exception as exc:
-                if len(rows) == 1:
-                    culprits.append((out.seqs[rows[0]], exc))
-                else:
-                    pending += _halves(rows)
-                continue
-            copies = []
-            for i, row in enumerate(rows):
-                sampled[row] = result.sampled_token_ids[i]
-            if result.logprobs is not None:
-                logprobs = logprobs or [[] for _ in range(n)]
-                for i, row in enumerate(rows):
-                    logprobs[row] = result.logprobs[i]
-        if not culprits:
-            logger.warning(
-                "a step of %d rows failed (%s: %s), but each of its rows ran when retried",
-                n, type(first).__name__, first,
-            )  # fmt: skip
-        return sampled, logprobs, culprits
 
     def _fail_requests(self, failed: list[tuple[Sequence, Exception]]) -> list[Sequence]:
         """Finish every sample of each request the engine failed on, running, waiting or just
@@ -475,12 +408,6 @@ class LLM:
             "block_size": kv.block_size,
             "kv_usage": kv.usage,
         }
-
-
-def _halves(rows: list[int]) -> list[list[int]]:
-    """The two halves of `rows`, the first last (the retry stack pops it first)."""
-    mid = len(rows) // 2
-    return [rows[mid:], rows[:mid]]
 
 
 def _params_picker(sampling_params: ParamsArg):
