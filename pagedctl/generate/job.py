@@ -93,7 +93,7 @@ class GenerateJob:
         self.store: ResultStore | None = None
         self._handlers: dict[int, Any] | None = None
         self._graceful = False  # False: a signal raises JobStopped; True: it stops admission
-        self._token_bytes_of: TokenBytes | None = None
+        self.token_bytes: TokenBytes | None = None  # logprob bytes, once the model is loaded
 
     def run(self) -> dict[str, Any]:
         """Run the job; returns the summary. Raises JobExit for every non-zero ending, and
@@ -228,6 +228,8 @@ class GenerateJob:
             self.llm = LLM(**engine_settings(self.s.engine))
         except ValueError as e:  # ModelNotFoundError, UnsupportedModelError, ConfigError
             raise JobExit(EXIT_USAGE, f"cannot start the engine: {e}") from None
+        if self.llm.tokenizer is not None:
+            self.token_bytes = TokenBytes(self.llm.tokenizer)
         return self.llm
 
     def _manifest(self, llm) -> dict[str, Any]:
@@ -276,7 +278,7 @@ class GenerateJob:
         if out.ok:
             try:
                 record = ok_record(
-                    out.request_id, endpoint, self.llm.model_name, out, self._token_bytes
+                    out.request_id, endpoint, self.llm.model_name, out, self.token_bytes
                 )
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")
@@ -289,12 +291,12 @@ class GenerateJob:
                 return
         code = out.error_code or "request_failed"
         if code == "internal_error":
-            self._hold(store, out, line_no)
+            self._hold(out, line_no)
             return
         store.write(error_record(out.request_id, code, out.error, line_no), ok=False)
         c.failed += 1
 
-    def _hold(self, store: ResultStore, out, line_no: int) -> None:
+    def _hold(self, out, line_no: int) -> None:
         """Keep an engine failure back until a success shows the engine works: then it is the
         request's own failure and gets its record. `ENGINE_BROKEN_AFTER` of them in a row with
         no success between is a broken engine (a device that fails every step): the job stops
@@ -315,14 +317,6 @@ class GenerateJob:
             store.write(error_record(out.request_id, "internal_error", out.error, line_no), False)
             self.counts.failed += 1
         self._held.clear()
-
-    @property
-    def _token_bytes(self) -> TokenBytes | None:
-        if self.llm.tokenizer is None:
-            return None
-        if self._token_bytes_of is None:
-            self._token_bytes_of = TokenBytes(self.llm.tokenizer)
-        return self._token_bytes_of
 
     def _model_names(self, llm) -> frozenset[str]:
         """The names a line's `model` may give: the served name; without one given, also the
