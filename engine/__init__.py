@@ -12,6 +12,7 @@ from typing import Any
 
 _EXPORTS = {  # name -> module of this package that defines it
     "LLM": "llm",
+    "BeamSearchParams": "beam_search",
     "BlockPool": "block_pool",
     "CacheConfig": "config",
     "CompletionOutput": "outputs",

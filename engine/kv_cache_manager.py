@@ -98,6 +98,7 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
         num_reserved_tokens: int = 0,
+        num_reserved_blocks: int = 0,
     ) -> tuple[CopyOp, ...] | None:
         """Give `seq` the slots for `num_new_tokens` more tokens; None when the pool cannot.
 
@@ -107,6 +108,8 @@ class KVCacheManager:
             new_computed_blocks: prefix-cache hit from `get_computed_blocks`, adopted on success.
             num_reserved_tokens: tokens beyond these that must also fit now, without being allocated
                 (admission of a resumed sequence checks its whole remaining prefill this way).
+            num_reserved_blocks: blocks the sequence's beam group will hold in all once resumed,
+                which the pool must have room for now in the same way.
 
         Returns:
             The copy-on-write block copies the runner must do before writing, or None if the free
@@ -118,13 +121,12 @@ class KVCacheManager:
         num_tokens = seq.num_computed_tokens + num_hit_tokens + num_new_tokens
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(table) - len(computed)
         cow = self._needs_copy(seq)
-        if num_new_blocks <= 0 and not cow and not num_reserved_tokens:
+        if num_new_blocks <= 0 and not cow and not num_reserved_tokens and not num_reserved_blocks:
             return NO_COPIES  # decode fast path: the last block has room and is ours alone
-        num_reserved_blocks = (
-            cdiv(num_tokens + num_reserved_tokens, self.block_size) - len(table) - len(computed)
-        )
+        held = len(table) + len(computed)
+        reserved = max(cdiv(num_tokens + num_reserved_tokens, self.block_size), num_reserved_blocks)
         num_revived = sum(1 for b in computed if b.ref_cnt == 0)
-        needed = max(num_new_blocks, num_reserved_blocks, 0) + cow + num_revived
+        needed = max(num_new_blocks, reserved - held, 0) + cow + num_revived
         if needed > self.pool.num_free_blocks:
             return None
         if computed:

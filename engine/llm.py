@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .beam_search import BeamSearchParams
 from .config import (
     NAMES,
     SETTINGS,
@@ -37,7 +38,8 @@ from .weights import iter_weights, load_tokenizer
 
 logger = logging.getLogger("pagedctl.engine")
 
-ParamsArg = SamplingParams | Seq[SamplingParams] | None
+Params = SamplingParams | BeamSearchParams
+ParamsArg = Params | Seq[Params] | None
 
 
 def _device_total(device: torch.device) -> int:
@@ -221,6 +223,25 @@ class LLM:
         outputs.sort(key=lambda o: o.index)
         return outputs
 
+    def beam_search(
+        self, prompts: Iterable[PromptInput], params: BeamSearchParams | Seq[BeamSearchParams]
+    ) -> list[RequestOutput]:
+        """Beam search on every prompt; outputs in input order, each with `beam_width`
+        hypotheses best first (text, token ids, `cumulative_logprob`).
+
+        The beams of a request share their blocks (the prompt and every common prefix are
+        stored once) and are scheduled and preempted as one unit; the hypotheses are those of
+        transformers' `generate(num_beams=...)` with the same length penalty and early
+        stopping. A step holding beams runs one token deep (`num_scheduler_steps` does not
+        apply to it): the group chooses its beams between tokens.
+        """
+        if isinstance(params, BeamSearchParams):
+            return self.generate(prompts, params)
+        params = list(params)
+        if not all(isinstance(p, BeamSearchParams) for p in params):
+            raise TypeError("beam_search takes BeamSearchParams")
+        return self.generate(prompts, params)
+
     def chat(
         self, conversations: Iterable[list[dict]], sampling_params: ParamsArg = None
     ) -> list[RequestOutput]:
@@ -299,7 +320,7 @@ class LLM:
         finished = [*finished, *self._fail_requests(failed)]
         if logprobs is not None:
             self.tracker.record_logprobs(out, logprobs)
-        done = self.scheduler.update(out, sampled)
+        done = self.scheduler.update(out, sampled, logprobs)
         if not out.seqs and not done and self.scheduler.has_unfinished():
             raise RuntimeError(  # an invariant, not a user error: never loop silently
                 f"scheduler made no progress with {self.scheduler.num_unfinished} unfinished"
@@ -404,6 +425,7 @@ class LLM:
         return {
             "scheduler": asdict(self.scheduler.stats),
             "prefix_cache": {**asdict(kv.stats), "hit_rate": kv.stats.hit_rate},
+            "beam_search": asdict(self.scheduler.beam_stats),
             "num_blocks": kv.num_blocks,
             "block_size": kv.block_size,
             "kv_usage": kv.usage,
@@ -411,7 +433,7 @@ class LLM:
 
 
 def _params_picker(sampling_params: ParamsArg):
-    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+    if sampling_params is None or isinstance(sampling_params, Params):
         params = sampling_params or SamplingParams()
         return lambda i: params
     listed = list(sampling_params)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..kernels import empty_kv_cache, graph_capturable
 from .models.attention import AttentionMetadata
-from .sampler import Sampler, make_generator
+from .sampler import Sampler, SamplerOutput, make_generator
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 from .staging import Staging
@@ -39,7 +39,11 @@ GeneratorKey = tuple[str, int]  # (request_id, sample_index)
 
 @dataclass
 class StepResult:
-    """Tokens drawn for each row (`[]` for a prefill chunk) and, where asked, their logprobs."""
+    """Tokens drawn for each row (`[]` for a prefill chunk) and, where asked, their logprobs.
+
+    A beam's row holds its group's number of best candidates instead (token ids, best first),
+    with their float32 log-probabilities in `logprobs`.
+    """
 
     sampled_token_ids: list[list[int]]
     logprobs: list[list[float]] | None
@@ -179,17 +183,36 @@ class ModelRunner:
             for j in range(k):
                 params.append(seq.sampling_params)
                 generators.append(self._generator(seq, j if k > 1 else seq.sample_index))
-        result = self.sampler(logits, params, generators)
+        beams = [j for j, seq in enumerate(seqs) if seq.beam is not None]
+        if len(beams) == len(seqs):  # nothing to sample
+            result = SamplerOutput([], None)
+        else:
+            result = self.sampler(logits, params, generators)
         logprobs: list[list[float]] | None = (
-            None if result.logprobs is None else [[] for _ in out.seqs]
+            None if result.logprobs is None and not beams else [[] for _ in out.seqs]
         )
         pos = 0
         for row, k in zip(logit_rows, counts, strict=True):
-            sampled[row] = result.token_ids[pos : pos + k]
-            if logprobs is not None:
+            if result.token_ids:
+                sampled[row] = result.token_ids[pos : pos + k]
+            if result.logprobs is not None:
                 logprobs[row] = result.logprobs[pos : pos + k]
             pos += k
+        if beams:
+            first = np.cumsum([0, *counts])  # each sequence's first row of `logits`
+            rows = [(first[j], logit_rows[j], seqs[j].beam.num_candidates) for j in beams]
+            self._beam_candidates(logits, rows, sampled, logprobs)
         return StepResult(sampled, logprobs)
+
+    def _beam_candidates(self, logits: Tensor, rows: list, sampled: list, logprobs: list) -> None:
+        """Each beam's best candidates by float32 log-softmax (as transformers scores them);
+        `rows` holds (row of `logits`, row of the step, number of candidates)."""
+        k = min(max(n for _, _, n in rows), logits.shape[-1])
+        index = self.staging.to_device(np.array([r for r, _, _ in rows], dtype=np.int64))
+        lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        values, ids = (t.tolist() for t in lp.topk(k, dim=-1))
+        for i, (_, row, n) in enumerate(rows):
+            sampled[row], logprobs[row] = ids[i][:n], values[i][:n]
 
     @torch.inference_mode()
     def execute_decode_steps(self, out: SchedulerOutput, k: int) -> Iterator[list[int]]:

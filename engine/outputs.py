@@ -15,6 +15,7 @@ class CompletionOutput:
     finish_reason: str | None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[float] | None = None  # log-probability of each sampled token
+    cumulative_logprob: float | None = None  # their sum, for a beam-search hypothesis
 
 
 @dataclass
@@ -27,6 +28,13 @@ class RequestMetrics:
     num_recomputed_tokens: int = 0
     arrival_time: float = 0.0
     finished_time: float = 0.0
+    # Beam search only (see `engine.beam_search.BeamStats`): the most KV blocks the group's
+    # beams held at once, what they would have held with private copies, the blocks two or
+    # more beams shared at that peak, and the copy-on-write copies.
+    peak_blocks: int = 0
+    peak_blocks_unshared: int = 0
+    num_shared_blocks: int = 0
+    num_cow_copies: int = 0
 
 
 @dataclass

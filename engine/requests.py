@@ -1,8 +1,8 @@
 """Request bookkeeping between the caller and the scheduler: prompts in, `RequestOutput`s out.
 
 Turns each prompt (text, token ids, or chat messages) into a `Sequence`, remembers which request
-each sequence belongs to, watches stop strings, and assembles a request's samples into one
-`RequestOutput` when the last of them finishes.
+each sequence belongs to, watches stop strings, and assembles a request's samples (or a beam
+group's hypotheses) into one `RequestOutput` when the last of them finishes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from .beam_search import BeamGroup, BeamSearchParams
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
@@ -33,7 +34,7 @@ class _Request:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | BeamSearchParams
     arrival: float
     samples: dict[int, CompletionOutput] = field(default_factory=dict)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
@@ -51,6 +52,7 @@ class RequestTracker:
         self._detoks: dict[int, tuple[IncrementalDetokenizer, list[int]]] = {}
         self._logprobs: dict[tuple[str, int], list[float]] = {}
         self._rendered: dict[int, CompletionOutput] = {}  # seq_id -> output made by `render`
+        self._beam_outputs: dict[str, list[CompletionOutput]] = {}  # request -> hypotheses
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -62,10 +64,15 @@ class RequestTracker:
         self._detoks.clear()
         self._logprobs.clear()
         self._rendered.clear()
+        self._beam_outputs.clear()
         return n
 
     def add(
-        self, index: int, item: PromptInput, params: SamplingParams, scheduler: Scheduler
+        self,
+        index: int,
+        item: PromptInput,
+        params: SamplingParams | BeamSearchParams,
+        scheduler: Scheduler,
     ) -> list[RequestOutput]:
         """Queue one request; a bad or impossible one comes back at once as an error output."""
         request_id = str(item.get("request_id", index)) if isinstance(item, dict) else str(index)
@@ -81,7 +88,8 @@ class RequestTracker:
                     request_id, index, None, [], error=str(exc), error_code="invalid_prompt"
                 )
             ]
-        if params.stop and self.tokenizer is None:
+        beam = params if isinstance(params, BeamSearchParams) else None
+        if beam is None and params.stop and self.tokenizer is None:
             msg = "stop strings need a tokenizer, and this model has none; use stop_token_ids"
             return [
                 RequestOutput(request_id, index, prompt, ids, error=msg, error_code="no_tokenizer")
@@ -91,11 +99,16 @@ class RequestTracker:
             return [
                 RequestOutput(request_id, index, prompt, ids, error=msg, error_code="duplicate_id")
             ]
+        seq_params = beam.sampling_params() if beam is not None else params
         extra_eos = self.eos_token_ids[1:]
-        if extra_eos and not params.ignore_eos:
-            params = replace(params, stop_token_ids=(*params.stop_token_ids, *extra_eos))
+        if extra_eos and not seq_params.ignore_eos:
+            seq_params = replace(
+                seq_params, stop_token_ids=(*seq_params.stop_token_ids, *extra_eos)
+            )
         eos = self.eos_token_ids[0] if self.eos_token_ids else None
-        seq = Sequence(ids, params, request_id=request_id, eos_token_id=eos)
+        seq = Sequence(ids, seq_params, request_id=request_id, eos_token_id=eos)
+        if beam is not None:
+            BeamGroup(beam, seq, self.eos_token_ids)
         req = _Request(index, request_id, prompt, ids, params, time.time())
         req.metrics.arrival_time = req.arrival
         req.metrics.num_prompt_tokens = len(ids)
@@ -195,8 +208,14 @@ class RequestTracker:
         for seq in finished:
             if seq.status == SequenceStatus.FINISHED_ERROR or seq.seq_id in self._rendered:
                 continue
+            if seq.beam is not None and not seq.beam.done:
+                continue  # a beam its group let go: nothing of its own to show
             try:
-                self._rendered[seq.seq_id] = self._completion(seq)
+                if seq.beam is not None:
+                    if seq.request_id not in self._beam_outputs:
+                        self._beam_outputs[seq.request_id] = self._hypotheses(seq.beam)
+                else:
+                    self._rendered[seq.seq_id] = self._completion(seq)
             except Exception as exc:
                 failed.append((seq, exc))
         return failed
@@ -205,6 +224,11 @@ class RequestTracker:
         """Record finished samples; return the requests whose every sample is now done."""
         done = []
         for seq in finished:
+            if seq.beam is not None:
+                request = self._collect_beam(seq)
+                if request is not None:
+                    done.append(request)
+                continue
             req = self._requests[seq.request_id]
             sample = self._rendered.pop(seq.seq_id, None)
             if sample is None:
@@ -221,6 +245,48 @@ class RequestTracker:
             if len(req.samples) == req.params.n or never_forked:
                 done.append(self._finish_request(req))
         return done
+
+    def _collect_beam(self, seq: Sequence) -> RequestOutput | None:
+        """Count a released beam of a group; the request's output once its group is done."""
+        req = self._requests.get(seq.request_id)
+        if req is None:  # its request already ended (the group failed as a whole)
+            return None
+        m = req.metrics
+        m.num_cached_tokens += seq.num_cached_tokens
+        m.num_recomputed_tokens += seq.num_recomputed_tokens
+        group = seq.beam
+        if seq.status == SequenceStatus.FINISHED_ERROR:
+            req.error = (seq.error_code or "internal_error", seq.error or "failed")
+        elif not group.done:
+            return None
+        else:
+            outputs = self._beam_outputs.pop(req.request_id, None)
+            if outputs is None:
+                outputs = self._hypotheses(group)
+            if not outputs:
+                req.error = ("kv_cache_full", "the KV cache cannot hold this beam search")
+            req.samples = dict(enumerate(outputs))
+        m.num_preemptions = group.num_preemptions
+        stats = group.stats
+        m.peak_blocks, m.peak_blocks_unshared = stats.peak_blocks, stats.peak_blocks_unshared
+        m.num_shared_blocks, m.num_cow_copies = stats.num_shared_blocks, stats.num_cow_copies
+        return self._finish_request(req)
+
+    def _hypotheses(self, group: BeamGroup) -> list[CompletionOutput]:
+        """A finished group's hypotheses as outputs, best first."""
+        tok = self.tokenizer
+        return [
+            CompletionOutput(
+                index=i,
+                text=tok.decode(h.token_ids, skip_special_tokens=True) if tok is not None else "",
+                token_ids=h.token_ids,
+                finish_reason=h.finish_reason,
+                stop_reason=h.stop_reason,
+                logprobs=h.logprobs if group.params.logprobs else None,
+                cumulative_logprob=h.cumulative_logprob,
+            )
+            for i, h in enumerate(group.finished)
+        ]
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         text, reason, stop_reason = "", seq.finish_reason, seq.stop_reason

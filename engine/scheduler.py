@@ -9,6 +9,10 @@ One step, top to bottom:
    lookup (so a hit is not charged to the budget), while the budget, `max_num_seqs` and the pool
    allow. The first one that does not fit stops admission (strict FCFS). A sequence resuming from
    preemption is admitted only if its whole remaining prefill fits the pool, so it cannot thrash.
+
+A beam-search group (`engine.beam_search`) is one unit throughout: its live beams sit side by side
+in the running list, are scheduled in the same step with the same number of tokens or not at all,
+and are preempted together; a preempted group comes back as one sequence (its leader).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .beam_search import BeamGroup, BeamStats
 from .config import CacheConfig, SchedulerConfig
 from .kv_cache_manager import CopyOp, KVCacheManager, cdiv
 from .sequence import Sequence, SequenceStatus
@@ -72,6 +77,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
+        self.beam_stats = BeamStats()  # summed over the beam groups that ended
         self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
         self._num_pending_forks = 0  # children that running, not yet forked parents will add
         self._lookahead = 0  # tokens reserved ahead inside a multi-step decode window
@@ -98,6 +104,12 @@ class Scheduler:
             return (
                 "prompt_too_long",
                 f"prompt of {n} tokens leaves no room to generate within max_model_len={limit}",
+            )
+        if seq.beam is not None and seq.beam.width > self.config.max_num_batched_tokens:
+            return (
+                "beam_width_too_large",
+                f"beam_width {seq.beam.width} is more than max_num_batched_tokens="
+                f"{self.config.max_num_batched_tokens}: a group's beams run in one step",
             )
         max_tokens = seq.sampling_params.max_tokens
         if seq.sampling_params.strict_max_tokens and n + max_tokens > limit:
@@ -138,34 +150,76 @@ class Scheduler:
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
-            seq = running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            unit = self._unit_at(i)
+            m = len(unit)
+            n = min(unit[0].num_tokens - unit[0].num_computed_tokens, budget // m)
+            if n <= 0:  # a group whose beams do not all fit what is left waits for the next step
+                i += m
+                continue
+            copies = self._allocate_unit(unit, n, out)
+            if copies is None:
+                return budget  # the unit itself was preempted or capped
+            for seq, seq_copies in zip(unit, copies, strict=True):
+                self._add_row(out, seq, n, seq_copies)
+            group = unit[0].beam
+            if group is not None:
+                group.stats.num_cow_copies += sum(map(len, copies))
+                group.measure()
+            budget -= n * m
+            i += m
+        return budget
+
+    def _allocate_unit(self, unit: list[Sequence], n: int, out: SchedulerOutput) -> list | None:
+        """Slots for `n` more tokens of every sequence of `unit`, preempting the newest units
+        until they fit; None when `unit` itself had to go (preempted, or capped when alone)."""
+        running = self.running
+        all_copies = []
+        for seq in unit:
+            assert seq.num_tokens - seq.num_computed_tokens >= n, "a unit steps together"
             copies = self.kv.allocate_slots(seq, n)
             while copies is None:
-                victim = running.pop()
-                if victim is seq and not running:
-                    self._num_pending_forks -= seq.num_samples_to_draw - 1
-                    self._cap(seq)  # alone with the whole pool and still no room
-                    return budget
+                victim = self._pop_last_unit()
+                if victim[0] is unit[0]:
+                    if running:
+                        self._preempt(victim, out)
+                    else:
+                        self._cap_unit(victim, running=True)  # alone with the whole pool, no room
+                    return None
                 self._preempt(victim, out)
-                if victim is seq:
-                    return budget
                 copies = self.kv.allocate_slots(seq, n)
-            self._add_row(out, seq, n, copies)
-            budget -= n
-            i += 1
-        return budget
+            all_copies.append(copies)
+        return all_copies
+
+    def _unit_of(self, seq: Sequence) -> list[Sequence]:
+        """The sequences scheduled and preempted with `seq`: its group's live beams, or itself."""
+        group = seq.beam
+        if group is None or group.root is seq or group.leader is seq:
+            return [seq]
+        return group.seqs
+
+    def _unit_at(self, i: int) -> list[Sequence]:
+        unit = self._unit_of(self.running[i])
+        if len(unit) > 1:
+            assert all(a is b for a, b in zip(unit, self.running[i:], strict=False)), unit
+        return unit
+
+    def _pop_last_unit(self) -> list[Sequence]:
+        unit = self._unit_of(self.running[-1])
+        del self.running[-len(unit) :]
+        return unit
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
         while waiting and budget > 0:
             seq = waiting[0]
-            if cdiv(seq.num_tokens, self.block_size) > self.kv.num_blocks:
+            group = seq.beam
+            resume_blocks = group.blocks_to_resume(self.block_size) if group else 0
+            if max(cdiv(seq.num_tokens, self.block_size), resume_blocks) > self.kv.num_blocks:
                 waiting.popleft()
-                self._cap(seq)  # grew past the whole pool while it was preempted
+                self._cap_unit([seq], running=False)  # outgrew the whole pool while preempted
                 continue
-            num_samples = seq.num_samples_to_draw
+            num_samples = seq.num_seats
             num_slots = len(self.running) + self._num_pending_forks + num_samples
             if num_slots > max_seqs and self.running:
                 break  # (a request with n > max_num_seqs still runs, alone)
@@ -174,7 +228,9 @@ class Scheduler:
             n = min(remaining, budget)
             # A resumed sequence must fit whole, or it would be preempted again (thrash).
             reserve = remaining - n if seq.status == SequenceStatus.PREEMPTED else 0
-            copies = self.kv.allocate_slots(seq, n, hit, num_reserved_tokens=reserve)
+            copies = self.kv.allocate_slots(
+                seq, n, hit, num_reserved_tokens=reserve, num_reserved_blocks=resume_blocks
+            )
             if copies is None:
                 break
             waiting.popleft()
@@ -203,26 +259,40 @@ class Scheduler:
         else:
             self.stats.num_prefill_tokens += n
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        self._num_pending_forks -= seq.num_samples_to_draw - 1
-        self.kv.free(seq)
-        seq.status = SequenceStatus.PREEMPTED
-        seq.num_computed_tokens = 0
-        seq.num_preemptions += 1
+    def _preempt(self, unit: list[Sequence], out: SchedulerOutput) -> None:
+        """Free every block of a unit (taken out of `running`) and queue it at the front."""
+        for seq in unit:
+            self._num_pending_forks -= seq.num_seats - 1
+            self.kv.free(seq)
+            seq.status = SequenceStatus.PREEMPTED
+            seq.num_computed_tokens = 0
+        head = unit[0] if unit[0].beam is None else unit[0].beam.preempt()
+        head.status = SequenceStatus.PREEMPTED
+        head.num_computed_tokens = 0
+        head.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(seq)
-        out.preempted.append(seq)
+        self.waiting.appendleft(head)
+        out.preempted.extend(unit)
 
     # ------------------------------------------------------------------ update
 
-    def update(self, out: SchedulerOutput, sampled_token_ids: list[list[int]]) -> list[Sequence]:
+    def update(
+        self,
+        out: SchedulerOutput,
+        sampled_token_ids: list[list[int]],
+        logprobs: list[list[float]] | None = None,
+    ) -> list[Sequence]:
         """Apply a step's results; return the sequences that finished in it.
 
         `sampled_token_ids[i]` holds the tokens drawn for `out.seqs[i]`: empty for a row that did
-        not reach the end of its tokens (a prefill chunk), else `seq.num_samples_to_draw` tokens.
+        not reach the end of its tokens (a prefill chunk), else `seq.num_samples_to_draw` tokens;
+        for a beam, its candidates best first, with their log-probabilities in `logprobs[i]`.
+        Beams the group let go are among the sequences returned (status FINISHED_PRUNED).
         """
         finished, self._capped = self._capped, []
-        for seq, n, sampled in zip(out.seqs, out.num_new_tokens, sampled_token_ids, strict=True):
+        reported: dict[int, tuple[BeamGroup, dict]] = {}
+        rows = zip(out.seqs, out.num_new_tokens, sampled_token_ids, strict=True)
+        for i, (seq, n, sampled) in enumerate(rows):
             if seq.is_finished:  # finished from outside (abort, stop string) during the step
                 continue
             seq.num_computed_tokens += n
@@ -232,9 +302,15 @@ class Scheduler:
             if seq.num_computed_tokens < seq.num_tokens:
                 assert not sampled, f"sampled a token for a partial prefill of {seq}"
                 continue
+            if seq.beam is not None:
+                entry = reported.setdefault(id(seq.beam), (seq.beam, {}))
+                entry[1][seq.seq_id] = (sampled, logprobs[i])
+                continue
             if len(sampled) > 1:
                 self._fork(seq, sampled[1:], finished)
             self._append_token(seq, sampled[0], finished)
+        for group, candidates in reported.values():
+            self._advance_group(group, candidates, finished)
         if finished:
             self.running = [s for s in self.running if not s.is_finished]
         self.stats.num_steps += 1
@@ -242,6 +318,73 @@ class Scheduler:
         if self.config.debug:
             self.check_invariants()
         return finished
+
+    # ------------------------------------------------------------------ beam groups
+
+    def _advance_group(self, group: BeamGroup, candidates: dict, finished: list[Sequence]) -> None:
+        """Carry out one step of a beam group: fork its survivors onto their parents' blocks,
+        free the beams left without one, or end the group."""
+        heads = group.seqs
+        pos = next(i for i, s in enumerate(self.running) if s is heads[0])
+        self._num_pending_forks -= sum(s.num_seats - 1 for s in heads)
+        if group.leader is not None:  # the shared prefix is computed again: fork the beams
+            leader = heads[0]
+            beams = group.unfold()
+            for seq in beams:
+                self.kv.fork(leader, seq)
+                seq.num_computed_tokens = leader.num_computed_tokens
+                seq.status = SequenceStatus.RUNNING
+            self.running[pos : pos + 1] = beams
+            self._release_beam(leader, finished)
+            return
+        survivors = group.step(candidates, self.config.max_model_len)
+        if survivors is None:
+            for seq in heads:
+                self._release_beam(seq, finished)
+            self._end_group(group)
+            return
+        children, used = [], set()
+        for i, _ in survivors:  # forks first: a child copies its parent's tokens as they are
+            parent = heads[i]
+            if i in used:
+                child = parent.fork(sample_index=parent.sample_index)
+                self.kv.fork(parent, child)
+            else:
+                used.add(i)
+                child = parent
+            children.append(child)
+        for child, (_, token) in zip(children, survivors, strict=True):
+            child.token_ids.append(token)
+        for i, seq in enumerate(heads):
+            if i not in used:
+                self._release_beam(seq, finished)  # blocks freed now, tail first
+        self.running[pos : pos + len(heads)] = children
+        group.commit(children)
+
+    def _release_beam(self, seq: Sequence, finished: list[Sequence]) -> None:
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED_PRUNED
+        finished.append(seq)
+
+    def _end_group(self, group: BeamGroup) -> None:
+        self.stats.num_finished += 1
+        self.beam_stats.add(group.stats)
+
+    def _cap_unit(self, unit: list[Sequence], running: bool) -> None:
+        """Finish a unit that needs more KV than the whole pool holds, just taken out of
+        `running` or `waiting`; a beam group ends with its hypotheses and its live beams."""
+        if running:
+            self._num_pending_forks -= sum(seq.num_seats - 1 for seq in unit)
+        group = unit[0].beam
+        if group is None:
+            self._cap(unit[0])
+            return
+        beams = [b.seq for b in group.beams]
+        group.cap()
+        for seq in {id(s): s for s in [*unit, *beams]}.values():
+            if not seq.is_finished:
+                self._release_beam(seq, self._capped)
+        self._end_group(group)
 
     def _fork(self, parent: Sequence, tokens: list[int], finished: list[Sequence]) -> None:
         self._num_pending_forks -= len(tokens)
@@ -270,7 +413,7 @@ class Scheduler:
             if not seq.is_finished:
                 if seq in self.running:
                     self.running.remove(seq)
-                    self._num_pending_forks -= seq.num_samples_to_draw - 1
+                    self._num_pending_forks -= seq.num_seats - 1
                 elif seq in self.waiting:
                     self.waiting.remove(seq)
                 self._finish(seq, status, reason)
@@ -329,6 +472,7 @@ class Scheduler:
                 n != 1
                 or c + 1 != seq.num_tokens
                 or seq.num_samples_to_draw != 1
+                or seq.beam is not None  # a group chooses its beams between tokens
                 or seq.sampling_params.logprobs
                 or seq.num_tokens + k - 1 > limit
             ):
@@ -359,10 +503,14 @@ class Scheduler:
         """Assert docs/design.md's invariants: pool accounting, ref counts, a table per sequence."""
         self.kv.check_integrity(self.running, self._lookahead)
         assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
-        pending = sum(s.num_samples_to_draw - 1 for s in self.running)
+        pending = sum(s.num_seats - 1 for s in self.running)
         assert pending == self._num_pending_forks, (pending, self._num_pending_forks)
         assert len(self.running) + pending <= self.config.max_num_seqs or (
             len({s.request_id for s in self.running}) == 1
         ), "max_num_seqs exceeded"
-        for seq in self.running:
-            assert seq.status == SequenceStatus.RUNNING, seq
+        i = 0
+        while i < len(self.running):
+            unit = self._unit_at(i)  # a group's beams side by side, in the group's order
+            for seq in unit:
+                assert seq.status == SequenceStatus.RUNNING, seq
+            i += len(unit)

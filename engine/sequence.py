@@ -12,8 +12,12 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .beam_search import BeamGroup
 
 
 class SequenceStatus(enum.IntEnum):
@@ -26,6 +30,7 @@ class SequenceStatus(enum.IntEnum):
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
     FINISHED_ERROR = 6
+    FINISHED_PRUNED = 7  # a beam its group no longer needs: the group keeps what it produced
 
     @property
     def is_finished(self) -> bool:
@@ -52,6 +57,7 @@ class Sequence:
 
     __slots__ = (
         "_max_computed_tokens",
+        "beam",
         "block_hashes",
         "block_table",
         "cache_salt",
@@ -96,6 +102,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         self.sample_index = 0
         self.parent_seq_id: int | None = None
+        self.beam: BeamGroup | None = None  # the beam-search group this sequence is a beam of
         self.stop_reason: int | str | None = None
         self.error: str | None = None
         self.error_code: str | None = None  # machine-readable, with `error`
@@ -144,6 +151,14 @@ class Sequence:
             return n
         return 1
 
+    @property
+    def num_seats(self) -> int:
+        """Running sequences this one stands for (`max_num_seqs` counts them): itself and the
+        samples or beams it will fork into once its prompt is computed."""
+        if self.beam is not None:
+            return self.beam.seats_of(self)
+        return self.num_samples_to_draw
+
     def fork(self, sample_index: int) -> Sequence:
         """A child with this sequence's tokens and progress; blocks are shared by the KV manager."""
         child = Sequence(
@@ -158,6 +173,7 @@ class Sequence:
         child.status = self.status
         child.sample_index = sample_index
         child.parent_seq_id = self.seq_id
+        child.beam = self.beam
         return child
 
     def __repr__(self) -> str:

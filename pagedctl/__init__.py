@@ -17,6 +17,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 _ENGINE_NAMES = (
     "LLM",
+    "BeamSearchParams",
     "CompletionOutput",
     "ConfigError",
     "EngineConfig",
