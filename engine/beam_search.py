@@ -133,7 +133,7 @@ class BeamStats:
 @dataclass
 class _Beam:
     seq: Sequence
-    score: np.float32  # cumulative log-probability of its generated tokens
+    score: float  # cumulative log-probability of its generated tokens (a float32 value)
     logprobs: list[float] = field(default_factory=list)
 
 
@@ -197,15 +197,24 @@ class BeamGroup:
         (index of the parent in `self.beams` or 0 for the root, token), best first, for
         `commit` to receive as sequences; None when the search is over (`self.done`).
         """
-        parents = [_Beam(self.root, _f32(0.0))] if self.root is not None else self.beams
+        parents = [_Beam(self.root, 0.0)] if self.root is not None else self.beams
         assert {b.seq.seq_id for b in parents} == set(rows), "a group's beams step together"
-        candidates = []
-        for i, beam in enumerate(parents):
-            ids, lps = rows[beam.seq.seq_id]
-            for token, lp in zip(ids, lps, strict=True):
-                candidates.append((beam.score + _f32(lp), i, token, lp))
-        candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-        top = candidates[: self.num_candidates]
+        ids = np.array([rows[b.seq.seq_id][0] for b in parents], dtype=np.int64)
+        lps = np.array([rows[b.seq.seq_id][1] for b in parents], dtype=np.float32)
+        scores = np.array([b.score for b in parents], dtype=np.float32)[:, None] + lps
+        beam_of = np.broadcast_to(np.arange(len(parents))[:, None], ids.shape)
+        # Best score first; ties by beam, then token (the order of a flat [beams x vocab] row).
+        order = np.lexsort((ids.ravel(), beam_of.ravel(), -scores.ravel()))
+        pick = order[: self.num_candidates]
+        top = list(
+            zip(
+                scores.ravel()[pick].tolist(),
+                beam_of.ravel()[pick].tolist(),
+                ids.ravel()[pick].tolist(),
+                lps.ravel()[pick].tolist(),
+                strict=True,
+            )
+        )
         length = parents[0].seq.num_output_tokens + 1  # of every candidate
         limit = min(self.params.max_tokens, max_model_len - self.num_prompt_tokens)
         at_limit = length >= limit
@@ -242,7 +251,7 @@ class BeamGroup:
                     [*parent.seq.output_token_ids, token],
                     [*parent.logprobs, lp],
                     float(score),
-                    float(score / _f32(penalty)),
+                    float(_f32(score) / _f32(penalty)),
                     "stop" if stopped else "length",
                     token if stopped else None,
                 )
@@ -275,7 +284,7 @@ class BeamGroup:
                 b.seq.output_token_ids,
                 list(b.logprobs),
                 float(b.score),
-                float(b.score / _f32(float(b.seq.num_output_tokens) ** lp)),
+                float(_f32(b.score) / _f32(float(b.seq.num_output_tokens) ** lp)),
                 "length",
                 "kv_cache_full",
             )
