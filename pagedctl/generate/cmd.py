@@ -281,6 +281,15 @@ def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
         ("peak KV usage", f"{summary['peak_kv_usage']:.1%}"),
         ("results / errors", f"{summary['output']} / {summary['errors']}"),
     ]
+    if beams := summary.get("beam_search"):  # only when beam searches ran
+        rows.insert(
+            -1,
+            (
+                "beam searches: peak blocks (unshared, saved) / copies",
+                "{requests}: {peak_blocks:,} ({peak_blocks_unshared:,}, {shared_saving:.1%}) / "
+                "{cow_copies:,}".format(**beams),
+            ),
+        )
     for name, value in rows:
         table.add_row(name, Text(value))  # verbatim: a path may hold "[/b]"
     Console().print(table)

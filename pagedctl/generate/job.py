@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from pagedctl import __version__
-from pagedctl.engine import SamplingParams
 from pagedctl.engine.token_bytes import TokenBytes
 from pagedctl.exits import (
     EXIT_DATAERR,
@@ -57,6 +56,7 @@ from pagedctl.generate.runctl import (
     manifest_path,
 )
 from pagedctl.generate.store import CorruptResults, NotResults, OutputError, ResultStore
+from pagedctl.generate.validate import FieldError, engine_params
 
 ENGINE_BROKEN_AFTER = 8  # engine failures in a row, no success between, that stop a job
 
@@ -269,8 +269,15 @@ class GenerateJob:
             if item.custom_id in store.done:
                 c.skipped += 1
                 continue
+            try:
+                request = engine_input(item, defaults)
+            except FieldError as e:  # the line and the job's defaults together (beam search)
+                record = error_record(item.custom_id, e.code, e.message, item.line_no)
+                store.write(record, ok=False)
+                c.failed += 1
+                continue
             c.pending[item.custom_id] = (item.line_no, item.endpoint)
-            yield engine_input(item, defaults)
+            yield request
 
     def _record(self, store: ResultStore, out) -> None:
         c = self.counts
@@ -403,6 +410,7 @@ class GenerateJob:
             "recomputed_tokens": stats["scheduler"]["num_recomputed_tokens"],
             "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
             "peak_kv_usage": round(kv.stats.peak_used_blocks / kv.num_blocks, 4),
+            **beam_summary(stats["beam_search"]),
             "output": str(self.out_path),
             "errors": str(self.err_path),
             "interrupted_by": signal.Signals(self.stop_signal).name if self.stop_signal else None,
@@ -427,10 +435,29 @@ def exit_code_for(summary: dict[str, Any]) -> int:
     return EXIT_PARTIAL if summary["errors_total"] else EXIT_OK
 
 
+def beam_summary(beams: dict[str, int]) -> dict[str, Any]:
+    """The summary's `beam_search` figures from the engine's (`llm.stats["beam_search"]`): none
+    when no beam search ended in the run."""
+    if not beams["num_groups"]:
+        return {}
+    peak, unshared = beams["peak_blocks"], beams["peak_blocks_unshared"]
+    return {
+        "beam_search": {
+            "requests": beams["num_groups"],
+            "peak_blocks": peak,
+            "peak_blocks_unshared": unshared,
+            "shared_saving": round(1 - peak / unshared, 4) if unshared else 0.0,
+            "cow_copies": beams["num_cow_copies"],
+        }
+    }
+
+
 def engine_input(req: JobRequest, defaults: dict[str, Any]) -> dict[str, Any]:
-    """A validated request as the engine's prompt dict (its sampling defaults filled in)."""
-    sampling = SamplingParams(**{**defaults, **req.sampling})
-    item: dict[str, Any] = {"request_id": req.custom_id, "sampling_params": sampling}
+    """A validated request as the engine's prompt dict (its sampling defaults filled in; a beam
+    search's BeamSearchParams). Raises FieldError for a line its defaults make impossible (a
+    beam search under default stop strings)."""
+    params = engine_params(req.sampling, defaults)
+    item: dict[str, Any] = {"request_id": req.custom_id, "sampling_params": params}
     if req.messages is not None:
         item["messages"] = req.messages
     elif req.prompt is not None:

@@ -75,6 +75,8 @@ ENGINE_ERROR_CODES: dict[str, str] = {
     "token_out_of_vocab": "a token id is outside the model's vocabulary",
     "no_tokenizer": "text or stop strings given to a model without a tokenizer",
     "no_chat_template": "messages given to a model without a chat template",
+    "beam_width_too_large": "beam search: n over max_num_batched_tokens (the beams step as one)",
+    "kv_cache_full": "the whole KV pool could not hold a beam search up to its first hypothesis",
     "internal_error": "the engine failed on this request (the message says how); the job went on",
 }
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}

@@ -2,8 +2,10 @@
 
 One line per request: `{"id", "custom_id", "response", "error"}` (OpenAI's `BatchRequestOutput`).
 A success carries `response.body`, a `chat.completion` or `text_completion` object with one choice
-per sample and the token `usage`; a failure carries `error{code, message, line}` and a null
-`response`.
+per sample (per hypothesis of a beam search, best first) and the token `usage`; a failure carries
+`error{code, message, line}` and a null `response`. A beam-search choice also carries
+`cumulative_logprob`, the sum of its tokens' log-probabilities (pagedctl's key: OpenAI's choices
+have none; the name is that of vLLM's CompletionOutput).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def _choice(sample: CompletionOutput, endpoint: str, token_bytes: TokenBytes | N
         choice["logprobs"] = _completion_logprobs(sample, token_bytes)
     choice["finish_reason"] = sample.finish_reason
     choice["stop_reason"] = sample.stop_reason
+    if sample.cumulative_logprob is not None:  # a beam-search hypothesis
+        choice["cumulative_logprob"] = _logprob(sample.cumulative_logprob)
     return choice
 
 

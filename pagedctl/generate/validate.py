@@ -12,6 +12,12 @@ Choices worth knowing:
 - Every field is checked against `FIELDS`: an unknown one is an error naming it; a field of
   OpenAI's or vLLM's API that we do not implement is an error unless set to its neutral value
   (e.g. presence_penalty 0), so nothing that would change the output is silently ignored.
+- `use_beam_search: true` (vLLM's field) makes the line a beam search of `n` beams, which must be
+  given. `length_penalty` and `early_stopping` act only there: without it they are refused unless
+  neutral (1 and false). Beam search matches stop tokens only, so `stop` strings are refused with
+  it; the sampling fields (temperature, top_p, top_k, min_p, seed) are checked and have no effect
+  on it (OpenAI-form files routinely carry a temperature). `engine_params` is the one place that
+  turns a checked sampling dict into the engine's SamplingParams or BeamSearchParams.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pagedctl.engine import SamplingParams
+from pagedctl.engine import BeamSearchParams, SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOP = 16
@@ -42,17 +48,20 @@ FIELDS: dict[str, str] = {
     "model": "the served model's name (`--served-model-name`); another name is refused",
     "max_tokens": "output tokens per sample",
     "max_completion_tokens": "alias of max_tokens",
-    "n": "samples of one prompt",
+    "n": "samples of one prompt; with use_beam_search, the beam width (every beam is returned)",
     "best_of": "only equal to n",
-    "temperature": "sampling temperature",
-    "top_p": "nucleus sampling",
-    "top_k": "top-k sampling",
-    "min_p": "min-p sampling",
-    "seed": "the request's own random stream",
-    "stop": "stop strings",
+    "use_beam_search": "true: run the request by beam search, n beams, best first",
+    "length_penalty": "beam search: a hypothesis's log-probability is divided by length**this",
+    "early_stopping": 'beam search: true, false or "never", when the search may end',
+    "temperature": "sampling temperature (no effect on beam search)",
+    "top_p": "nucleus sampling (no effect on beam search)",
+    "top_k": "top-k sampling (no effect on beam search)",
+    "min_p": "min-p sampling (no effect on beam search)",
+    "seed": "the request's own random stream (no effect on beam search)",
+    "stop": "stop strings (not with beam search: use stop_token_ids)",
     "stop_token_ids": "stop token ids",
     "ignore_eos": "keep going past EOS",
-    "logprobs": "the sampled tokens' log-probabilities",
+    "logprobs": "the output tokens' log-probabilities (each hypothesis's with beam search)",
     "cache_salt": "a tenant's prefix-cache salt: only requests with the same salt share a prefix",
     "user": "ignored: no effect on the output",
     "metadata": "ignored: no effect on the output",
@@ -65,11 +74,11 @@ FIELDS: dict[str, str] = {
 # the output unchanged (null always does): accepted at those, `unsupported_field` otherwise.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-    "length_penalty": (1,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "logit_bias": ({},), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
     "stream": (False,), "stream_options": (), "top_logprobs": (0,), "echo": (False,),
-    "suffix": ("",), "use_beam_search": (False,), "min_tokens": (0,),
+    "suffix": ("",), "min_tokens": (0,),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
     "continue_final_message": (False,), "add_special_tokens": (), "modalities": (["text"],),
@@ -86,7 +95,7 @@ OTHER_NAMES: dict[str, str] = {
     "stop_sequences": "stop",
     "do_sample": "temperature (0 is greedy)",
     "num_return_sequences": "n",
-    "num_beams": "nothing: beam search is not implemented",
+    "num_beams": "n with use_beam_search: true",
 }
 ENVELOPE = ("custom_id", "method", "url", "body")  # the OpenAI form's top level
 SIMPLE_IDS = ("custom_id", "id")
@@ -233,29 +242,92 @@ def check_model(value: Any, models: frozenset[str] | None) -> None:
 def parse_sampling(
     body: dict, endpoint: str, *, max_tokens_limit: int, default_max_tokens: int, max_n: int
 ) -> dict:
-    """The sampling fields the body gave, plus max_tokens, checked against SamplingParams.
+    """The sampling fields the body gave, plus max_tokens, checked against the engine's params
+    (`engine_params`); a beam search's dict also holds `use_beam_search: True`.
 
     A max_tokens the line gives is strict (a prompt plus it over max_model_len is refused, as
     OpenAI refuses it); the default one is a cap (a long prompt gets what the model has left).
     """
+    beam = _use_beam_search(body.get("use_beam_search"))
     s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
     if any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens")):
         s["strict_max_tokens"] = True
     if body.get("n") is not None:
         s["n"] = _int_in(body, "n", max_n, "n_out_of_range")
-    _best_of(body.get("best_of"), s.get("n", 1))
+    elif beam:
+        raise FieldError(
+            "invalid_field",
+            f"use_beam_search needs n, the beam width: give an integer in 1..{max_n}",
+        )
+    _best_of(body.get("best_of"), s.get("n", 1), beam)
     for key, (allowed, ok) in _CHECKS.items():
         if (value := body.get(key)) is not None:
             if not ok(value):
                 raise FieldError("invalid_field", f"{key} must be {allowed}, got {show(value)}")
-            s[key] = _CONVERT.get(key, _keep)(value)
+            if beam or key not in BEAM_ONLY:
+                s[key] = _CONVERT.get(key, _keep)(value)
+            elif not _same(value, BEAM_ONLY[key]):
+                raise FieldError(
+                    "unsupported_field",
+                    f'{key} applies to beam search only; add "use_beam_search": true, or '
+                    f"remove {key}",
+                )
     if body.get("logprobs") is not None:
         s["logprobs"] = _logprobs(body["logprobs"], endpoint)
+    if beam:
+        s["use_beam_search"] = True
     try:
-        SamplingParams(**s)
+        engine_params(s, {})
     except (ValueError, TypeError) as e:
         raise FieldError("invalid_field", str(e)) from None
     return s
+
+
+# The sampling dict's keys as BeamSearchParams takes them; the sampling fields that do not act
+# on a beam search (it is deterministic); and the beam-only fields with their neutral values.
+_BEAM_PARAMS = {
+    "n": "beam_width", "max_tokens": "max_tokens", "strict_max_tokens": "strict_max_tokens",
+    "length_penalty": "length_penalty", "early_stopping": "early_stopping",
+    "ignore_eos": "ignore_eos", "stop_token_ids": "stop_token_ids", "logprobs": "logprobs",
+    "cache_salt": "cache_salt",
+}  # fmt: skip
+NO_EFFECT_ON_BEAMS = ("temperature", "top_p", "top_k", "min_p", "seed")
+BEAM_ONLY: dict[str, Any] = {"length_penalty": 1, "early_stopping": False}
+
+
+def engine_params(sampling: dict, defaults: dict[str, Any]) -> SamplingParams | BeamSearchParams:
+    """The engine's params of a line's checked `sampling` laid over the job's `defaults`: a
+    BeamSearchParams when the line asks for beam search, else a SamplingParams.
+
+    Raises FieldError for what a beam search cannot honour (stop strings, the line's or the
+    job's default ones), ValueError or TypeError for a value the engine refuses.
+    """
+    s = {**defaults, **sampling}
+    if not sampling.get("use_beam_search"):
+        return SamplingParams(**s)
+    if sampling.get("stop"):
+        raise FieldError(
+            "unsupported_field",
+            "stop strings do not end a beam search (it matches stop tokens only); remove stop "
+            "and use stop_token_ids",
+        )
+    if s.get("stop"):
+        raise FieldError(
+            "unsupported_field",
+            "the job's default stop strings (--stop, recipe sampling.stop) do not end a beam "
+            'search (it matches stop tokens only); give this line "stop": [] and '
+            "stop_token_ids, or run it without the default",
+        )
+    ignored = {"use_beam_search", "stop", *NO_EFFECT_ON_BEAMS}
+    for key in s.keys() - _BEAM_PARAMS.keys() - ignored:  # a field not mapped: never dropped
+        raise FieldError("unsupported_field", f"{key} is not supported with beam search")
+    return BeamSearchParams(**{_BEAM_PARAMS[k]: v for k, v in s.items() if k in _BEAM_PARAMS})
+
+
+def _use_beam_search(value: Any) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise FieldError("invalid_field", f"use_beam_search must be true or false, got {show(value)}")
 
 
 def _max_tokens(body: dict, high: int, default: int) -> int:
@@ -276,9 +348,15 @@ def _int_in(body: dict, key: str, high: int, code: str) -> int:
     return value
 
 
-def _best_of(value: Any, n: int) -> None:
+def _best_of(value: Any, n: int, beam: bool) -> None:
     if value is None or (is_int(value) and value == n):
         return
+    if beam:
+        raise FieldError(
+            "unsupported_field",
+            f"with use_beam_search, n is the beam width and every beam is returned; remove "
+            f"best_of or set it to n ({n})",
+        )
     if is_int(value) and value > n:
         raise FieldError(
             "unsupported_field", f"best_of > n is not supported; remove best_of or set {n}"
@@ -330,9 +408,12 @@ _CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
     "cache_salt": (f"a non-empty string of up to {MAX_SALT} characters",
                    lambda v: isinstance(v, str) and 0 < len(v) <= MAX_SALT and is_text(v)),
+    "length_penalty": ("a number", _is_num),
+    "early_stopping": ('true, false or "never"', lambda v: isinstance(v, bool) or v == "never"),
 }  # fmt: skip
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "temperature": float, "top_p": float, "min_p": float, "top_k": lambda v: max(v, 0),
+    "length_penalty": float,
     "stop": lambda v: [v] if isinstance(v, str) else v,
 }  # fmt: skip
 
