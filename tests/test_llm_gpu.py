@@ -34,6 +34,39 @@ def test_tiny_model_greedy_matches_transformers_on_cuda(tmp_path):
         assert out.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
 
 
+@torch.no_grad()
+def test_beam_search_matches_transformers_on_cuda(tmp_path):
+    """Beam search with the Triton kernels and CUDA graphs, fp32: transformers' hypotheses on
+    the same card, and the same ones with graphs off; a pool small enough to preempt groups."""
+    from pagedctl.engine import BeamSearchParams
+
+    hf = save_tiny_model("qwen2", tmp_path).to("cuda")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 33, 70)]
+    params = BeamSearchParams(beam_width=4, max_tokens=12, ignore_eos=True)
+    runs = {}
+    for name, settings in {
+        "graphs": {},
+        "eager": {"cuda_graphs": False},
+        "small pool": {"num_blocks": 14},
+    }.items():
+        llm = LLM(str(tmp_path), device="cuda", dtype="float32", **{"num_blocks": 64,
+                  "block_size": 16, "debug": True, **settings})  # fmt: skip
+        outs = llm.beam_search(prompts, params)
+        runs[name] = [[c.token_ids for c in o.outputs] for o in outs]
+        if name == "small pool":
+            assert llm.stats["scheduler"]["num_preemptions"] > 0
+    assert runs["graphs"] == runs["eager"] == runs["small pool"]
+    for prompt, beams in zip(prompts, runs["graphs"], strict=True):
+        ids = torch.tensor([prompt], device="cuda")
+        ref = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), num_beams=4, num_return_sequences=4,
+            do_sample=False, max_new_tokens=12, early_stopping=False, length_penalty=1.0,
+            pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+        assert beams == ref[:, len(prompt) :].tolist()
+
+
 def test_a_sampled_run_meets_no_kernel_that_start_up_did_not(tmp_path):
     """Graph capture and the sampler's warm-up meet every Triton kernel a plain sampled run
     uses, so its first `generate` compiles nothing and loads nothing from Triton's disk cache (a

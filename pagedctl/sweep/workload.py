@@ -110,8 +110,8 @@ def _shared_prefix_workload(spec: dict, token_ids: tuple[int, int]) -> Workload:
 
 
 def _file_workload(spec: dict, cache: dict) -> Workload:
-    """A `generate` input file (both line formats); bad lines are counted and left out."""
-    from pagedctl.engine import SamplingParams
+    """A `generate` input file (both line formats, beam-search lines too); bad lines are
+    counted and left out."""
     from pagedctl.generate.job import engine_input
     from pagedctl.generate.reader import LineError, ReaderLimits, read_requests
 
@@ -132,7 +132,6 @@ def _file_workload(spec: dict, cache: dict) -> Workload:
         req = engine_input(item, defaults)
         if spec.get("ignore_eos") is not None:  # the flag wins over the line
             req["sampling_params"] = replace(req["sampling_params"], ignore_eos=spec["ignore_eos"])
-        assert isinstance(req["sampling_params"], SamplingParams)
         requests.append(req)
     if not requests:
         raise RecipeError(f"no valid request in {path} ({skipped} bad lines)")
