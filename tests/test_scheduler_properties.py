@@ -1,14 +1,35 @@
 """Property-based test: random interleavings of add / step / abort keep the invariants of
-docs/design.md."""
+docs/design.md, with sampled requests and beam-search groups (their candidates drawn at random)
+side by side."""
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedctl.engine import SamplingParams, Sequence, SequenceStatus
+from pagedctl.engine import BeamSearchParams, SamplingParams, Sequence, SequenceStatus
+from pagedctl.engine.beam_search import BeamGroup
 from tests.sched_utils import EOS, make_scheduler
 
 PREFIXES = [[], [11, 12, 13, 14, 15, 16, 17, 18], [11, 12, 13, 14, 30, 31]]
+CANDIDATE_TOKENS = list(range(2, 14))  # EOS among them; a group of width 3 asks for 6
+
+
+def candidates(seq: Sequence, data=None) -> tuple[list[int], list[float]]:
+    """A beam's candidates, best first, as the runner hands them: distinct tokens with
+    non-increasing log-probabilities (drawn, or fixed when `data` is None)."""
+    n = seq.beam.num_candidates
+    if data is None:
+        return list(range(3, 3 + n)), [-0.5 * i for i in range(1, n + 1)]
+    tokens = data.draw(st.permutations(CANDIDATE_TOKENS))[:n]
+    costs = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+    return tokens, [-c / 8 for c in sorted(costs)]
+
+
+def parked(seq: Sequence) -> bool:
+    """A beam out of the scheduler while its preempted group's leader computes their shared
+    prefix again (`BeamGroup.preempt`): it holds no block and comes back by `unfold`."""
+    group = seq.beam
+    return group is not None and group.leader is not None and any(b.seq is seq for b in group.beams)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -30,7 +51,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             enable_prefix_caching=caching,
         )
         self.seqs: list[Sequence] = []  # every sequence ever created, children included
+        self.known: set[int] = set()
+        self.groups: list[BeamGroup] = []
+        self.aborted: set[str] = set()  # request ids
         self.steps = 0
+
+    def _track(self, seqs) -> None:
+        for seq in seqs:
+            if id(seq) not in self.known:
+                self.known.add(id(seq))
+                self.seqs.append(seq)
 
     @rule(
         prefix=st.sampled_from(PREFIXES),
@@ -44,7 +74,36 @@ class SchedulerMachine(RuleBasedStateMachine):
         params = SamplingParams(n=n, max_tokens=max_tokens, ignore_eos=ignore_eos, cache_salt=salt)
         seq = Sequence(prefix + suffix, params, eos_token_id=EOS)
         self.sched.add(seq)
-        self.seqs.append(seq)
+        self._track([seq])
+        if seq.is_finished:
+            assert seq.error and not seq.block_table
+
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        suffix=st.lists(st.integers(3, 9), max_size=30),
+        width=st.integers(1, 3),
+        max_tokens=st.integers(1, 10),
+        length_penalty=st.sampled_from([0.0, 1.0, 2.0]),
+        early_stopping=st.sampled_from([True, False, "never"]),
+        ignore_eos=st.booleans(),
+        stop=st.sampled_from([(), (5,)]),
+    )
+    def add_beam(
+        self, prefix, suffix, width, max_tokens, length_penalty, early_stopping, ignore_eos, stop
+    ):
+        params = BeamSearchParams(
+            beam_width=width,
+            max_tokens=max_tokens,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stop,
+        )
+        seq = Sequence(prefix + suffix, params.sampling_params(), eos_token_id=EOS)
+        group = BeamGroup(params, seq, [EOS])
+        self.sched.add(seq)
+        self._track([seq])
+        self.groups.append(group)
         if seq.is_finished:
             assert seq.error and not seq.block_table
 
@@ -54,18 +113,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert out.total_num_scheduled_tokens <= self.sched.config.max_num_batched_tokens
         assert all(n >= 1 for n in out.num_new_tokens)
         assert len(set(map(id, out.seqs))) == len(out.seqs)
-        sampled = []
+        sampled, logprobs = [], []
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
             assert len(seq.block_table) * self.sched.block_size >= seq.num_computed_tokens + n
             if seq.num_computed_tokens + n < seq.num_tokens:
                 sampled.append([])
+                logprobs.append([])
+            elif seq.beam is not None:
+                tokens, lps = candidates(seq, data)
+                sampled.append(tokens)
+                logprobs.append(lps)
             else:
                 k = seq.num_samples_to_draw
                 sampled.append(data.draw(st.lists(st.integers(2, 9), min_size=k, max_size=k)))
-        before = {id(s) for s in self.sched.running}
-        finished = self.sched.update(out, sampled)
-        self.seqs.extend(s for s in self.sched.running if id(s) not in before)
-        self.seqs.extend(s for s in finished if s.parent_seq_id is not None and s not in self.seqs)
+                logprobs.append([])
+        finished = self.sched.update(out, sampled, logprobs)
+        self._track([*self.sched.running, *self.sched.waiting, *finished])
         for seq in finished:
             assert seq.is_finished and not seq.block_table
         self.steps += 1
@@ -75,8 +138,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, data):
         live = list(self.sched.running) + list(self.sched.waiting)
         seq = data.draw(st.sampled_from(live))
-        self.sched.finish([seq], SequenceStatus.FINISHED_ABORTED)
-        assert not seq.block_table
+        # A beam group is cancelled whole (as LLM.abort_all does): every beam, or its leader.
+        unit = [s for s in live if s.request_id == seq.request_id] if seq.beam else [seq]
+        if seq.beam:
+            self.aborted.add(seq.request_id)
+        self.sched.finish(unit, SequenceStatus.FINISHED_ABORTED)
+        assert all(not s.block_table for s in unit)
 
     @invariant()
     def invariants_hold(self):
@@ -88,9 +155,34 @@ class SchedulerMachine(RuleBasedStateMachine):
         for seq in self.seqs:
             if id(seq) in live:
                 assert not seq.is_finished
+            elif parked(seq):  # a beam of a preempted group, waiting for its leader
+                assert seq.status == SequenceStatus.PREEMPTED and not seq.block_table, seq
             else:
                 assert seq.is_finished and not seq.block_table, seq
                 assert seq.num_output_tokens <= seq.sampling_params.max_tokens
+        for group in self.groups:
+            self.check_group(group, live)
+
+    def check_group(self, group: BeamGroup, live: set[int]) -> None:
+        """A group's live beams are at most its width; a group that ended holds no sequence in
+        the scheduler and returns 1 to `width` hypotheses, best first, each within max_tokens
+        and ending with a stop token exactly when its finish reason is "stop"."""
+        params = group.params
+        mine = [s for s in self.seqs if s.beam is group and id(s) in live]
+        assert len(group.beams) <= group.width
+        if group.request_id in self.aborted:
+            assert not mine
+            return
+        if not group.done:
+            return
+        assert not mine, mine
+        assert 1 <= len(group.finished) <= group.width
+        scores = [h.score for h in group.finished]
+        assert scores == sorted(scores, reverse=True)
+        for h in group.finished:
+            assert 1 <= len(h.token_ids) <= params.max_tokens
+            stopped = h.token_ids[-1] in group.stop_ids and h.stop_reason != "kv_cache_full"
+            assert h.finish_reason == ("stop" if stopped else "length"), h
 
     def teardown(self):
         if not hasattr(self, "sched"):
@@ -100,13 +192,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not sched.has_unfinished():
                 break
             out = sched.schedule()
-            sched.update(
-                out,
-                [
-                    [5] * s.num_samples_to_draw if s.num_computed_tokens + n == s.num_tokens else []
-                    for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
-                ],
-            )
+            sampled, logprobs = [], []
+            for s, n in zip(out.seqs, out.num_new_tokens, strict=True):
+                tokens, lps = [], []
+                if s.num_computed_tokens + n == s.num_tokens:
+                    tokens, lps = candidates(s) if s.beam else ([5] * s.num_samples_to_draw, [])
+                sampled.append(tokens)
+                logprobs.append(lps)
+            sched.update(out, sampled, logprobs)
         assert not sched.has_unfinished(), "a sequence never finished"
         assert sched.kv.num_free_blocks == sched.kv.num_blocks, "blocks leaked"
         sched.kv.pool.check_integrity()
