@@ -667,7 +667,11 @@ def main() -> None:
     began = time.monotonic()
     parts = a.parts.split(",")
     settings = engine_settings({"model": a.model} if a.model else {})
-    llm = LLM(**settings, device=a.device, dtype=a.dtype, block_size=ints(a.block_sizes)[0])
+    # On a GPU the pool takes half the card: transformers runs in the same process beside it.
+    memory = {} if cpu else {"gpu_memory_utilization": 0.5}
+    llm = LLM(
+        **settings, **memory, device=a.device, dtype=a.dtype, block_size=ints(a.block_sizes)[0]
+    )
     prompts = chat_prompts()
     ids = [render(llm.tokenizer, q) for q in prompts]
     result: dict = {

@@ -128,7 +128,7 @@ def _bundled_model() -> str | None:
     path = os.environ.get("PAGEDCTL_TEST_GGUF")
     if path:
         return path
-    return None if not is_installed(default_model_dir()) else "SmolLM2-135M-Instruct"
+    return str(default_model_dir()) if is_installed(default_model_dir()) else None
 
 
 BUNDLED_PROMPTS = (
