@@ -454,7 +454,8 @@ def markdown(result: dict) -> str:
         "",
         f"Regenerate: `{result['command']}`",
         "",
-        f"Ran on {env['cpu']} ({env['cpu_count']} CPUs); torch {env['torch']}, transformers "
+        f"Ran on {env['gpu'] + ' beside ' if env.get('gpu') else ''}"
+        f"{env['cpu']} ({env['cpu_count']} CPUs); torch {env['torch']}, transformers "
         f"{env['transformers']}; pagedctl {env['pagedctl']} commit {env['commit']}; "
         f"{env['date']}; {result['wall_s']:.0f} s in all.",
         "",

@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import platform
 import subprocess
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -82,4 +83,7 @@ def environment() -> dict:
     }
     for pkg in ("torch", "triton", "transformers"):
         env[pkg] = _pkg(pkg)
+    torch = sys.modules.get("torch")  # the card, where the caller has torch loaded and a GPU
+    if torch is not None and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
     return env
