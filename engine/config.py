@@ -180,6 +180,21 @@ class EngineConfig:
         short="threads",
         auto="the CPUs free of other work; on CUDA, torch's",
     )
+    preemption_mode: str = setting(
+        "recompute",
+        "How a preempted sequence gets its KV back: recompute it, swap it to host memory and "
+        "back, or auto (per victim, whichever the costs timed at start-up say is cheaper).",
+        "choice",
+        choices=("recompute", "swap", "auto"),
+    )
+    swap_space: float = setting(
+        4.0,
+        "Host memory (pinned on CUDA) for swapped-out KV blocks, with --preemption-mode swap "
+        "or auto.",
+        "float",
+        unit="GiB",
+        low=0.0,
+    )
     debug: bool = setting(
         False, "Check the allocator's invariants after every step (slower).", "bool"
     )
@@ -323,12 +338,14 @@ class CacheConfig:
         num_blocks: blocks in the pool.
         enable_prefix_caching: reuse full blocks across sequences through chained block hashes.
         hash_seed: root of the hash chain; fixed so that results are reproducible run to run.
+        num_host_blocks: blocks of the host pool that swapped-out sequences hold (0: none).
     """
 
     block_size: int = DEFAULTS["block_size"]
     num_blocks: int = 1024
     enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     hash_seed: int = 0
+    num_host_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -346,12 +363,14 @@ class SchedulerConfig:
         max_num_seqs: most sequences running at once.
         max_model_len: longest sequence (prompt + output) in tokens.
         debug: check the allocator invariants after every step (cheap, but not free).
+        preemption_mode: "recompute", "swap" or "auto" (see `engine.swap`).
     """
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     max_model_len: int = 4096
     debug: bool = False
+    preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):

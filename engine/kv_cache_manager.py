@@ -24,6 +24,7 @@ from .block_hash import (
 from .block_pool import BlockPool, KVCacheBlock
 from .config import CacheConfig
 from .sequence import Sequence
+from .swap import HostBlockPool
 
 CopyOp = tuple[int, int]  # (source block id, destination block id)
 RECENT_CHAINS = 16  # sequences, by first block, whose hash chains new sequences may start from
@@ -61,6 +62,9 @@ class KVCacheManager:
         self._root = root_hash(config.hash_seed)
         self._num_cached_blocks: dict[int, int] = {}  # seq_id -> leading blocks already hashed
         self._recent: OrderedDict[BlockHash, Sequence] = OrderedDict()  # first block hash -> seq
+        # Swapped-out sequences hold host blocks instead: a table is on one side, never both.
+        self.host = HostBlockPool(config.num_host_blocks) if config.num_host_blocks else None
+        self._host_tables: dict[int, list[int]] = {}  # seq_id -> host block ids
 
     @property
     def num_blocks(self) -> int:
@@ -217,11 +221,79 @@ class KVCacheManager:
         seq.block_hashes.extend(donor.block_hashes[: max(shared, 1)])
 
     def free(self, seq: Sequence) -> None:
-        """Release every block of `seq`, tail first, so a prefix's last blocks are evicted first."""
+        """Release every block of `seq`, tail first, so a prefix's last blocks are evicted first
+        (its host blocks, if it is swapped out)."""
         blocks = self.pool.blocks
         self.pool.free_blocks(blocks[i] for i in reversed(seq.block_table))
         seq.block_table = []
         self._num_cached_blocks.pop(seq.seq_id, None)
+        host = self._host_tables.pop(seq.seq_id, None)
+        if host:
+            self.host.free(host)
+
+    # ------------------------------------------------------------------ swapping
+
+    def swap_out(self, unit: list[Sequence]) -> list[CopyOp] | None:
+        """Move the blocks of `unit` (a victim's sequences) to the host pool, all or nothing;
+        the (device block, host block) copies to make before any device block is written
+        again, or None when the host pool cannot take them all.
+
+        A block the unit's sequences share is copied once and shared on the host; one that a
+        sequence outside the unit also holds is copied and stays on the device for it. The
+        freed device blocks keep their hashes, so the prefix cache serves their data for as
+        long as it lasts there, never from the host.
+        """
+        distinct = list(dict.fromkeys(b for seq in unit for b in seq.block_table))
+        if self.host is None or len(distinct) > self.host.num_free_blocks:
+            return None
+        to_host = dict(zip(distinct, self.host.allocate(len(distinct)), strict=True))
+        seen: set[int] = set()
+        for seq in unit:
+            table = [to_host[b] for b in seq.block_table]
+            for h in table:
+                if h in seen:
+                    self.host.touch(h)
+                seen.add(h)
+            self.free(seq)
+            self._host_tables[seq.seq_id] = table
+        return list(to_host.items())
+
+    def blocks_to_swap_in(self, unit: list[Sequence], num_new_tokens: int) -> int:
+        """Device blocks `unit` needs to come back and compute `num_new_tokens` more each: its
+        distinct host blocks, the blocks its new tokens open and one copy-on-write per beam."""
+        tables = [self._host_tables[seq.seq_id] for seq in unit]
+        grow = sum(
+            max(cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(t), 0)
+            for seq, t in zip(unit, tables, strict=True)
+        )
+        distinct = len({h for t in tables for h in t})
+        return distinct + grow + (len(unit) - 1)
+
+    def swap_in(self, unit: list[Sequence]) -> list[CopyOp]:
+        """Bring `unit` back from the host (the caller checked `blocks_to_swap_in`); the (host
+        block, device block) copies to make before the step's forward pass."""
+        tables = [self._host_tables.pop(seq.seq_id) for seq in unit]
+        distinct = list(dict.fromkeys(h for t in tables for h in t))
+        fresh = self.pool.get_new_blocks(len(distinct))
+        to_dev = {h: b.block_id for h, b in zip(distinct, fresh, strict=True)}
+        seen: set[int] = set()
+        blocks = self.pool.blocks
+        for seq, table in zip(unit, tables, strict=True):
+            seq.block_table = [to_dev[h] for h in table]
+            for b in seq.block_table:
+                if b in seen:
+                    self.pool.touch([blocks[b]])
+                seen.add(b)
+            self.host.free(table)
+            self._num_cached_blocks[seq.seq_id] = 0
+            self.cache_blocks(seq)  # full blocks findable again (unless another holds the hash)
+        used = self.pool.num_used_blocks
+        if used > self.stats.peak_used_blocks:
+            self.stats.peak_used_blocks = used
+        return list(to_dev.items())
+
+    def host_table(self, seq: Sequence) -> list[int]:
+        return self._host_tables.get(seq.seq_id, [])
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Give back the blocks of `seq` past its first `num_tokens` tokens (slots reserved
@@ -266,3 +338,7 @@ class KVCacheManager:
                 holders[block_id] += 1
         for block in self.pool.blocks:
             assert block.ref_cnt == holders[block.block_id], (block, holders[block.block_id])
+        if self.host is not None:
+            self.host.check_integrity(list(self._host_tables.values()))
+        live = {seq.seq_id for seq in seqs}
+        assert not live & self._host_tables.keys(), "a running sequence holds host blocks"

@@ -33,6 +33,7 @@ from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
+from .swap import host_blocks
 from .threads import apply_threads, watch_threads
 from .weights import iter_weights, load_tokenizer
 
@@ -146,9 +147,25 @@ class LLM:
         self.memory.update(figures)
         pool_tokens = blocks * c.block_size
         self.max_model_len = resolve_max_model_len(c.max_model_len, config_len, pool_tokens)
+        block_bytes = self.layout.bytes_per_block(c.block_size)
+        host = 0
+        if c.preemption_mode != "recompute":
+            host = host_blocks(int(c.swap_space * 2**30), block_bytes)
         self.scheduler = Scheduler(
-            SchedulerConfig(batched, max_num_seqs, self.max_model_len, debug=c.debug),
-            CacheConfig(c.block_size, blocks, c.enable_prefix_caching, hash_seed=self.seed),
+            SchedulerConfig(
+                batched,
+                max_num_seqs,
+                self.max_model_len,
+                debug=c.debug,
+                preemption_mode=c.preemption_mode,
+            ),
+            CacheConfig(
+                c.block_size,
+                blocks,
+                c.enable_prefix_caching,
+                hash_seed=self.seed,
+                num_host_blocks=host,
+            ),
         )
         self.runner = ModelRunner(
             self.model,
@@ -161,10 +178,14 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=batched,
             cuda_graphs=c.cuda_graphs,
+            num_host_blocks=host,
         )
+        if c.preemption_mode == "auto" and host >= 2 and blocks >= 2:
+            self.scheduler.costs = self.runner.calibrate_preemption(batched)
         self.config = c
-        self.memory["kv_cache_bytes"] = blocks * self.layout.bytes_per_block(c.block_size)
-        self.memory.update(num_blocks=blocks, block_size=c.block_size)
+        self.memory["kv_cache_bytes"] = blocks * block_bytes
+        self.memory.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)
+        self.memory["swap_space_bytes"] = host * block_bytes
         if self.device.type == "cuda":
             self.memory["cuda_graph_bytes"] = self.runner.graph_pool_bytes
         self._log_start(blocks, c.block_size)
@@ -285,7 +306,7 @@ class LLM:
 
     def abort_all(self) -> int:
         """Drop every request in flight; returns how many there were."""
-        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        seqs = self.scheduler.unfinished()
         self.scheduler.finish(seqs, SequenceStatus.FINISHED_ABORTED)
         for seq in seqs:
             self.runner.release(seq)
@@ -303,6 +324,8 @@ class LLM:
         `containment.py`). KeyboardInterrupt, SystemExit and MemoryError still end the call.
         """
         out = self.scheduler.schedule()
+        if out.swap_out or out.swap_in:
+            self.runner.swap(out.swap_out, out.swap_in)
         k = self.config.num_scheduler_steps
         if (
             k > 1
@@ -384,9 +407,7 @@ class LLM:
                     group.append(seq)
                 continue
             sched = self.scheduler
-            group = [seq] + [
-                s for s in (*sched.running, *sched.waiting) if s.request_id == rid and s is not seq
-            ]
+            group = [seq] + [s for s in sched.unfinished() if s.request_id == rid and s is not seq]
             message = f"the engine failed on this request: {type(exc).__name__}: {exc}"
             groups[rid] = (group, message)
             logger.warning(
@@ -422,10 +443,28 @@ class LLM:
     def stats(self) -> dict:
         """Scheduler and prefix-cache counters, and the pool's current state."""
         kv = self.scheduler.kv
+        sched = self.scheduler.stats
+        block_bytes = self.layout.bytes_per_block(kv.block_size)
+        costs = self.scheduler.costs
         return {
-            "scheduler": asdict(self.scheduler.stats),
+            "scheduler": asdict(sched),
             "prefix_cache": {**asdict(kv.stats), "hit_rate": kv.stats.hit_rate},
             "beam_search": asdict(self.scheduler.beam_stats),
+            "swap": {
+                "preemption_mode": self.config.preemption_mode,
+                "num_host_blocks": kv.host.num_blocks if kv.host else 0,
+                "swap_outs": sched.num_swap_outs,
+                "swap_ins": sched.num_swap_ins,
+                "blocks_out": sched.num_swapped_out_blocks,
+                "blocks_in": sched.num_swapped_in_blocks,
+                "bytes_moved": (sched.num_swapped_out_blocks + sched.num_swapped_in_blocks)
+                * block_bytes,
+                "transfer_s": self.runner.swap_seconds,
+                "fallbacks_to_recompute": sched.num_swap_fallbacks,
+                "recomputed_tokens": sched.num_recomputed_tokens,
+                "swapped_now": self.scheduler.num_swapped,
+                "costs": costs.as_dict() if costs else None,
+            },
             "num_blocks": kv.num_blocks,
             "block_size": kv.block_size,
             "kv_usage": kv.usage,

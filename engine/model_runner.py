@@ -14,6 +14,7 @@ tokens.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,11 +27,13 @@ from torch import Tensor
 
 from ..kernels import empty_kv_cache, graph_capturable
 from .models.attention import AttentionMetadata
+from .profiling import prefill_forward
 from .sampler import Sampler, SamplerOutput, make_generator
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 from .staging import Staging
 from .step_graphs import MAX_GRAPH_BATCH, StepGraphs
+from .swap import PreemptionCosts, fitted
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -85,9 +88,11 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         cuda_graphs: bool | str = True,
+        num_host_blocks: int = 0,
     ) -> None:
         """`cuda_graphs="emulate"` runs the graph path without CUDA (static buffers, padded
-        buckets, eager replays) so that tests on the CPU cover it."""
+        buckets, eager replays) so that tests on the CPU cover it. `num_host_blocks`: the host
+        pool swapped-out blocks go to (allocated on first use; pinned on CUDA)."""
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -103,6 +108,11 @@ class ModelRunner:
             kv_dtype, device,
         )  # fmt: skip
         self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
+        self.num_host_blocks = num_host_blocks
+        self._host_kv: Tensor | None = None  # [layers, 2, host blocks, block, heads, dim]
+        self._bounce: Tensor | None = None  # pinned bytes a transfer passes through on CUDA
+        self._bounce_done = torch.cuda.Event() if device.type == "cuda" else None
+        self.swap_seconds = 0.0  # time spent in swap transfers, waits included
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
@@ -395,12 +405,115 @@ class ModelRunner:
         for row in self._rows.values():
             row.synced = 0
 
+    # ------------------------------------------------------------------ swapping
+
+    @torch.inference_mode()
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Move blocks between the device pool and the host pool: `swap_out` (device, host)
+        first, then `swap_in` (host, device), each as one gathered transfer over every layer's
+        K and V. Done before the step's copies and forward pass, in stream order, so a freed
+        device block is read before anything writes it again. Waits for the transfers."""
+        start = time.perf_counter()
+        if swap_out:
+            self._swap_out([d for d, _ in swap_out], [h for _, h in swap_out])
+        if swap_in:
+            self._swap_in([h for h, _ in swap_in], [d for _, d in swap_in])
+        self.swap_seconds += time.perf_counter() - start
+
+    def _host_pool(self) -> Tensor:
+        if self._host_kv is None:
+            shape = list(self._kv.shape)
+            shape[2] = self.num_host_blocks
+            pinned = self.device.type == "cuda"
+            self._host_kv = torch.empty(shape, dtype=self._kv.dtype, pin_memory=pinned)
+        return self._host_kv
+
+    def _bounce_view(self, num_blocks: int) -> Tensor:
+        """A contiguous pinned `[layers, 2, num_blocks, ...]` tensor, free to be written."""
+        shape = list(self._kv.shape)
+        shape[2] = num_blocks
+        numel = int(np.prod(shape))
+        self._bounce_done.synchronize()  # the last transfer through it is over
+        if self._bounce is None or self._bounce.numel() < numel:
+            self._bounce = torch.empty(numel, dtype=self._kv.dtype, pin_memory=True)
+        return self._bounce[:numel].view(shape)
+
+    def _swap_out(self, dev: list[int], host: list[int]) -> None:
+        pool = self._host_pool()
+        host_idx = torch.tensor(host, dtype=torch.int64)
+        if self.device.type != "cuda":
+            pool.index_copy_(2, host_idx, self._kv.index_select(2, torch.tensor(dev)))
+            return
+        src = self.staging.to_device(np.array(dev, dtype=np.int64))
+        gathered = self._kv.index_select(2, src)  # one gather on the device
+        bounce = self._bounce_view(len(dev))
+        bounce.copy_(gathered, non_blocking=True)  # one transfer
+        self._bounce_done.record()
+        self._bounce_done.synchronize()
+        pool.index_copy_(2, host_idx, bounce)  # one scatter on the host
+
+    def _swap_in(self, host: list[int], dev: list[int]) -> None:
+        pool = self._host_pool()
+        host_idx = torch.tensor(host, dtype=torch.int64)
+        if self.device.type != "cuda":
+            self._kv[:, :, torch.tensor(dev)] = pool.index_select(2, host_idx)
+            return
+        bounce = self._bounce_view(len(host))
+        torch.index_select(pool, 2, host_idx, out=bounce)  # one gather on the host
+        landed = bounce.to(self.device, non_blocking=True)  # one transfer
+        self._bounce_done.record()
+        dst = self.staging.to_device(np.array(dev, dtype=np.int64))
+        self._kv[:, :, dst] = landed  # one scatter on the device
+        self._bounce_done.synchronize()
+
+    @torch.inference_mode()
+    def calibrate_preemption(self, max_prefill_tokens: int) -> PreemptionCosts:
+        """Time what `auto` preemption weighs, before any sequence holds a block: a swap's
+        transfer at two sizes and a prefill at two lengths, each the fastest of three runs.
+        Writes into the pool's first blocks, which hold nothing yet."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+        def fastest(fn) -> float:
+            times = []
+            for _ in range(4):  # the first warms up
+                sync()
+                start = time.perf_counter()
+                fn()
+                sync()
+                times.append(time.perf_counter() - start)
+            return min(times[1:])
+
+        num_blocks = self._kv.shape[2]
+        sizes = (1, max(2, min(64, num_blocks, self.num_host_blocks)))
+        rounds = []
+        for n in sizes:
+            ids = list(range(n))
+            rounds.append(
+                fastest(lambda ids=ids: (self._swap_out(ids, ids), self._swap_in(ids, ids)))
+            )
+        transfer = fitted(sizes, (rounds[0] / 2, rounds[1] / 2))
+        pool_tokens = num_blocks * self.block_size
+        long = max(2, min(max_prefill_tokens, 1024, pool_tokens))
+        lengths = (max(1, long // 4), long)
+        prefill = [
+            fastest(
+                lambda t=t: prefill_forward(
+                    self.model, self.kv_caches, t, self.block_size, self.device
+                )
+            )
+            for t in lengths
+        ]
+        _, per_token = fitted(lengths, tuple(prefill))
+        return PreemptionCosts(transfer[0], transfer[1], per_token)
+
     def close(self) -> None:
-        """Free the KV cache and graphs (the model stays)."""
+        """Free the KV cache, the host pool and graphs (the model stays)."""
         if self.graphs is not None:
             self.graphs.clear()
         self.kv_caches = []
         self._kv = None
+        self._host_kv = None
+        self._bounce = None
         self._rows.clear()
 
     # ------------------------------------------------------------------ sampling state

@@ -97,6 +97,25 @@ def profile_peak_bytes(
     )  # as the runner lays it out
     caches = [(layer[0], layer[1]) for layer in kv]
     cache_bytes = kv.numel() * kv.element_size()
+    hidden = prefill_forward(model, caches, num_tokens, block_size, device)
+    model.compute_logits(hidden[: min(num_logit_rows, num_tokens)]).float()  # as sampling may
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - cache_bytes
+    del caches, kv, hidden
+    torch.cuda.empty_cache()
+    return int(peak)
+
+
+def prefill_forward(
+    model: torch.nn.Module,
+    caches: list,
+    num_tokens: int,
+    block_size: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """One sequence's prefill of `num_tokens` dummy tokens through `caches` (its KV written to
+    the first blocks); the hidden states."""
+    num_blocks = -(-num_tokens // block_size)
     positions = torch.arange(num_tokens, device=device)
     meta = AttentionMetadata(
         slot_mapping=positions.clone(),
@@ -107,10 +126,4 @@ def profile_peak_bytes(
         max_seqlen_k=num_tokens,
     )
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-    hidden = model(ids, positions, caches, meta)
-    model.compute_logits(hidden[: min(num_logit_rows, num_tokens)]).float()  # as sampling may
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - cache_bytes
-    del caches, kv, hidden
-    torch.cuda.empty_cache()
-    return int(peak)
+    return model(ids, positions, caches, meta)

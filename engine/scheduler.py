@@ -1,18 +1,26 @@
-"""FCFS scheduler with a token budget, chunked prefill and preemption by recompute.
+"""FCFS scheduler with a token budget, chunked prefill and preemption by recompute or swap.
 
 One step, top to bottom:
 1. Running sequences, oldest first, each get `min(remaining tokens, budget)` new tokens. When the
    pool cannot hold them, the most recently admitted running sequence is preempted (blocks freed,
-   back to the front of the waiting queue, to be recomputed), until it fits or the sequence itself
-   was the victim.
-2. Only if nothing was preempted: waiting sequences in arrival order, each after its prefix-cache
-   lookup (so a hit is not charged to the budget), while the budget, `max_num_seqs` and the pool
-   allow. The first one that does not fit stops admission (strict FCFS). A sequence resuming from
-   preemption is admitted only if its whole remaining prefill fits the pool, so it cannot thrash.
+   back to the front of the waiting queue to be recomputed, or moved to the host pool), until it
+   fits or the sequence itself was the victim.
+2. Only if nothing was preempted: swapped-out units in the order they were admitted, each
+   brought back when its blocks and its next tokens fit; the first that does not stops this.
+3. Only if nothing was preempted and nothing is left swapped out: waiting sequences in arrival
+   order, each after its prefix-cache lookup (so a hit is not charged to the budget), while the
+   budget, `max_num_seqs` and the pool allow. The first one that does not fit stops admission
+   (strict FCFS). A sequence resuming from preemption is admitted only if its whole remaining
+   prefill fits the pool, so it cannot thrash.
 
 A beam-search group (`engine.beam_search`) is one unit throughout: its live beams sit side by side
 in the running list, are scheduled in the same step with the same number of tokens or not at all,
 and are preempted together; a preempted group comes back as one sequence (its leader).
+
+Preemption mode (`SchedulerConfig.preemption_mode`): `recompute` frees a victim's blocks and
+computes its tokens again; `swap` copies them to the host pool first (`KVCacheManager.swap_out`)
+and back before new admissions; `auto` picks per victim from `PreemptionCosts`. A swap the host
+pool cannot take falls back to recompute (counted in `num_swap_fallbacks`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from .beam_search import BeamGroup, BeamStats
 from .config import CacheConfig, SchedulerConfig
 from .kv_cache_manager import CopyOp, KVCacheManager, cdiv
 from .sequence import Sequence, SequenceStatus
+from .swap import PreemptionCosts
 
 
 @dataclass
@@ -34,12 +43,15 @@ class SchedulerOutput:
     `seqs[i]` gets `num_new_tokens[i]` tokens starting at its `num_computed_tokens`, through its
     `block_table` (both read before `Scheduler.update`). `copies` are copy-on-write block copies to
     do before any KV write. A row samples when it reaches the end of its tokens; it then draws
-    `seq.num_samples_to_draw` tokens.
+    `seq.num_samples_to_draw` tokens. `swap_out` and `swap_in` are block transfers to
+    make before either (`ModelRunner.swap`).
     """
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     copies: list[CopyOp] = field(default_factory=list)
+    swap_out: list[CopyOp] = field(default_factory=list)  # (device block, host block)
+    swap_in: list[CopyOp] = field(default_factory=list)  # (host block, device block)
     preempted: list[Sequence] = field(default_factory=list)
     total_num_scheduled_tokens: int = 0
 
@@ -58,6 +70,11 @@ class SchedulerStats:
 
     num_steps: int = 0
     num_preemptions: int = 0
+    num_swap_outs: int = 0  # preemptions by swap (counted in num_preemptions too)
+    num_swap_ins: int = 0
+    num_swapped_out_blocks: int = 0
+    num_swapped_in_blocks: int = 0
+    num_swap_fallbacks: int = 0  # swaps the host pool could not take: recomputed instead
     num_recomputed_tokens: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
@@ -70,12 +87,20 @@ class SchedulerStats:
 class Scheduler:
     """Decides which sequences run in each step and owns their status and counters."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        costs: PreemptionCosts | None = None,
+    ) -> None:
+        """`costs` decide `auto` preemption (without them `auto` swaps while the host has room)."""
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(cache_config)
+        self.costs = costs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.swapped: deque[list[Sequence]] = deque()  # units on the host, oldest first
         self.stats = SchedulerStats()
         self.beam_stats = BeamStats()  # summed over the beam groups that ended
         self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
@@ -130,18 +155,28 @@ class Scheduler:
         return None
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + self.num_swapped
+
+    @property
+    def num_swapped(self) -> int:
+        return sum(map(len, self.swapped))
+
+    def unfinished(self) -> list[Sequence]:
+        """Every sequence not finished: running, swapped out, waiting."""
+        return [*self.running, *(s for unit in self.swapped for s in unit), *self.waiting]
 
     # ---------------------------------------------------------------- schedule
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:
+        if not out.preempted and self.swapped:
+            budget = self._schedule_swapped(out, budget)
+        if not out.preempted and not self.swapped:
             budget = self._schedule_waiting(out, budget)
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         return out
@@ -159,15 +194,65 @@ class Scheduler:
             copies = self._allocate_unit(unit, n, out)
             if copies is None:
                 return budget  # the unit itself was preempted or capped
-            for seq, seq_copies in zip(unit, copies, strict=True):
-                self._add_row(out, seq, n, seq_copies)
-            group = unit[0].beam
-            if group is not None:
-                group.stats.num_cow_copies += sum(map(len, copies))
-                group.measure()
+            self._add_unit(out, unit, n, copies)
             budget -= n * m
             i += m
         return budget
+
+    def _add_unit(self, out: SchedulerOutput, unit: list[Sequence], n: int, copies: list) -> None:
+        for seq, seq_copies in zip(unit, copies, strict=True):
+            self._add_row(out, seq, n, seq_copies)
+        group = unit[0].beam
+        if group is not None:
+            group.stats.num_cow_copies += sum(map(len, copies))
+            group.measure()
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        """Bring swapped-out units back, oldest first, while their blocks, their next tokens,
+        the budget and `max_num_seqs` allow; each runs in this step."""
+        swapped = self.swapped
+        while swapped and budget > 0:
+            unit = swapped[0]
+            m = len(unit)
+            n = min(unit[0].num_tokens - unit[0].num_computed_tokens, budget // m)
+            if n <= 0:
+                break
+            seats = sum(seq.num_seats for seq in unit)
+            seated = len(self.running) + self._num_pending_forks + seats
+            if seated > self.config.max_num_seqs and self.running:
+                break
+            need = self.kv.blocks_to_swap_in(unit, n)
+            if need > self.kv.num_free_blocks:
+                if self.running:
+                    break
+                # Alone with the whole pool and still no room (it grew while away, or the pool
+                # is smaller than a group's worst case): recompute it instead of waiting forever.
+                swapped.popleft()
+                self._drop_swapped(unit, out)
+                continue
+            swapped.popleft()
+            ops = self.kv.swap_in(unit)
+            out.swap_in.extend(ops)
+            self.stats.num_swap_ins += 1
+            self.stats.num_swapped_in_blocks += len(ops)
+            for seq in unit:
+                seq.status = SequenceStatus.RUNNING
+                self._num_pending_forks += seq.num_seats - 1
+            self.running.extend(unit)
+            copies = [self.kv.allocate_slots(seq, n) for seq in unit]
+            assert all(c is not None for c in copies), "a swap-in was admitted without room"
+            self._add_unit(out, unit, n, copies)
+            budget -= n * m
+        return budget
+
+    def _drop_swapped(self, unit: list[Sequence], out: SchedulerOutput) -> None:
+        """Turn a swapped-out unit into one preempted by recompute (its host blocks freed)."""
+        for seq in unit:
+            self._num_pending_forks += seq.num_seats - 1  # _preempt takes them off again
+        head = self._recompute(unit, out)
+        head.num_preemptions -= 1  # the same preemption, carried out another way
+        self.stats.num_preemptions -= 1
+        self.stats.num_swap_fallbacks += 1
 
     def _allocate_unit(self, unit: list[Sequence], n: int, out: SchedulerOutput) -> list | None:
         """Slots for `n` more tokens of every sequence of `unit`, preempting the newest units
@@ -180,8 +265,8 @@ class Scheduler:
             while copies is None:
                 victim = self._pop_last_unit()
                 if victim[0] is unit[0]:
-                    if running:
-                        self._preempt(victim, out)
+                    if running:  # beams given slots already hold uncopied blocks: recompute
+                        self._preempt(victim, out, swap=not all_copies)
                     else:
                         self._cap_unit(victim, running=True)  # alone with the whole pool, no room
                     return None
@@ -259,8 +344,38 @@ class Scheduler:
         else:
             self.stats.num_prefill_tokens += n
 
-    def _preempt(self, unit: list[Sequence], out: SchedulerOutput) -> None:
-        """Free every block of a unit (taken out of `running`) and queue it at the front."""
+    def _preempt(self, unit: list[Sequence], out: SchedulerOutput, swap: bool = True) -> None:
+        """Take a unit (out of `running`) off the device: to the host pool where the mode
+        says so and the host has room, else freed, to be recomputed."""
+        mode = self.config.preemption_mode
+        if swap and mode != "recompute" and (mode == "swap" or self._swap_pays(unit)):
+            ops = self.kv.swap_out(unit)
+            if ops is not None:
+                for seq in unit:
+                    self._num_pending_forks -= seq.num_seats - 1
+                    seq.status = SequenceStatus.SWAPPED
+                    seq.num_preemptions += 1
+                self.swapped.appendleft(unit)  # victims go newest first: arrival order kept
+                self.stats.num_preemptions += 1
+                self.stats.num_swap_outs += 1
+                self.stats.num_swapped_out_blocks += len(ops)
+                out.swap_out.extend(ops)
+                out.preempted.extend(unit)
+                return
+            self.stats.num_swap_fallbacks += 1
+        self._recompute(unit, out)
+
+    def _swap_pays(self, unit: list[Sequence]) -> bool:
+        """`auto`: is swapping this unit out and back cheaper than computing its KV again?"""
+        if self.costs is None:
+            return True
+        blocks = len({b for seq in unit for b in seq.block_table})
+        tokens = min(sum(seq.num_computed_tokens for seq in unit), blocks * self.block_size)
+        return self.costs.prefers_swap(blocks, tokens)
+
+    def _recompute(self, unit: list[Sequence], out: SchedulerOutput) -> Sequence:
+        """Free every block of a unit and queue it at the front of `waiting`; the sequence
+        queued (a beam group's leader, or the unit's one sequence)."""
         for seq in unit:
             self._num_pending_forks -= seq.num_seats - 1
             self.kv.free(seq)
@@ -273,6 +388,7 @@ class Scheduler:
         self.stats.num_preemptions += 1
         self.waiting.appendleft(head)
         out.preempted.extend(unit)
+        return head
 
     # ------------------------------------------------------------------ update
 
@@ -416,7 +532,18 @@ class Scheduler:
                     self._num_pending_forks -= seq.num_seats - 1
                 elif seq in self.waiting:
                     self.waiting.remove(seq)
+                elif seq.status == SequenceStatus.SWAPPED:
+                    self._unswap(seq)
                 self._finish(seq, status, reason)
+
+    def _unswap(self, seq: Sequence) -> None:
+        """Take a sequence finished from outside out of its swapped-out unit."""
+        for unit in self.swapped:
+            if seq in unit:
+                unit.remove(seq)
+                if not unit:
+                    self.swapped.remove(unit)
+                return
 
     def fail(self, seqs: Iterable[Sequence], code: str, message: str) -> None:
         """Finish sequences with an error; one already finished (its output could not be made)
@@ -503,6 +630,12 @@ class Scheduler:
         """Assert docs/design.md's invariants: pool accounting, ref counts, a table per sequence."""
         self.kv.check_integrity(self.running, self._lookahead)
         assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
+        for unit in self.swapped:
+            for seq in unit:
+                assert seq.status == SequenceStatus.SWAPPED and not seq.block_table, seq
+                assert len(self.kv.host_table(seq)) == cdiv(
+                    seq.num_computed_tokens, self.block_size
+                ), seq
         pending = sum(s.num_seats - 1 for s in self.running)
         assert pending == self._num_pending_forks, (pending, self._num_pending_forks)
         assert len(self.running) + pending <= self.config.max_num_seqs or (

@@ -31,6 +31,7 @@ class SequenceStatus(enum.IntEnum):
     FINISHED_ABORTED = 5
     FINISHED_ERROR = 6
     FINISHED_PRUNED = 7  # a beam its group no longer needs: the group keeps what it produced
+    SWAPPED = -1  # preempted with its KV moved to the host pool, to come back as it was
 
     @property
     def is_finished(self) -> bool:
