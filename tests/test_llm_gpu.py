@@ -67,6 +67,41 @@ def test_beam_search_matches_transformers_on_cuda(tmp_path):
         assert beams == ref[:, len(prompt) :].tolist()
 
 
+def test_swap_preemption_matches_recompute_on_cuda(tmp_path):
+    """Swapping through the pinned host pool, with CUDA graphs and multi-step decode, gives the
+    greedy tokens (and beam hypotheses) of recompute and of a pool that never preempts, at
+    blocks of 16 and 64; `auto` calibrates real costs on the card."""
+    from pagedctl.engine import BeamSearchParams
+
+    save_tiny_model("qwen2", tmp_path)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(256) for _ in range(rng.randint(3, 60))] for _ in range(24)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=rng.randint(20, 80), ignore_eos=True)
+        for _ in prompts
+    ]
+    params[2] = SamplingParams(temperature=0.0, max_tokens=40, n=3, ignore_eos=True)
+    params[5] = BeamSearchParams(beam_width=4, max_tokens=30, ignore_eos=True)
+    for block_size, small in ((16, 24), (64, 7)):
+        runs, stats = {}, {}
+        for mode, blocks in (("unconstrained", 2000), ("recompute", small), ("swap", small),
+                             ("auto", small)):  # fmt: skip
+            llm = LLM(str(tmp_path), device="cuda", dtype="float32", num_blocks=blocks,
+                      block_size=block_size, debug=True,
+                      preemption_mode="recompute" if mode == "unconstrained" else mode)  # fmt: skip
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            runs[mode] = [[c.token_ids for c in o.outputs] for o in outs]
+            stats[mode] = llm.stats["swap"]
+            if mode == "auto":
+                costs = llm.scheduler.costs
+                assert costs is not None and costs.transfer_s_per_block > 0
+                assert costs.prefill_s_per_token > 0
+            del llm
+        assert runs["recompute"] == runs["swap"] == runs["auto"] == runs["unconstrained"]
+        assert stats["swap"]["swap_outs"] > 0 and stats["swap"]["swap_ins"] > 0
+        assert stats["swap"]["transfer_s"] > 0
+
+
 def test_a_sampled_run_meets_no_kernel_that_start_up_did_not(tmp_path):
     """Graph capture and the sampler's warm-up meet every Triton kernel a plain sampled run
     uses, so its first `generate` compiles nothing and loads nothing from Triton's disk cache (a
