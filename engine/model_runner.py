@@ -109,7 +109,7 @@ class ModelRunner:
         )  # fmt: skip
         self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
         self.num_host_blocks = num_host_blocks
-        self._host_kv: Tensor | None = None  # [layers, 2, host blocks, block, heads, dim]
+        self._host_kv: Tensor | None = None  # [host blocks, layers, 2, block, heads, dim]
         self._bounce: Tensor | None = None  # pinned bytes a transfer passes through on CUDA
         self._bounce_done = torch.cuda.Event() if device.type == "cuda" else None
         self.swap_seconds = 0.0  # time spent in swap transfers, waits included
@@ -420,50 +420,60 @@ class ModelRunner:
             self._swap_in([h for h, _ in swap_in], [d for _, d in swap_in])
         self.swap_seconds += time.perf_counter() - start
 
+    def _block_shape(self, num_blocks: int) -> list[int]:
+        """`[num_blocks, layers, 2, block, heads, dim]`: on the host a block is one contiguous
+        run over every layer's K and V, so a transfer moves whole blocks, not per-layer slices."""
+        layers, kv, _, *rest = self._kv.shape
+        return [num_blocks, layers, kv, *rest]
+
     def _host_pool(self) -> Tensor:
         if self._host_kv is None:
-            shape = list(self._kv.shape)
-            shape[2] = self.num_host_blocks
+            shape = self._block_shape(self.num_host_blocks)
             pinned = self.device.type == "cuda"
             self._host_kv = torch.empty(shape, dtype=self._kv.dtype, pin_memory=pinned)
         return self._host_kv
 
     def _bounce_view(self, num_blocks: int) -> Tensor:
-        """A contiguous pinned `[layers, 2, num_blocks, ...]` tensor, free to be written."""
-        shape = list(self._kv.shape)
-        shape[2] = num_blocks
+        """A contiguous pinned tensor of `num_blocks` host blocks, free to be written."""
+        shape = self._block_shape(num_blocks)
         numel = int(np.prod(shape))
         self._bounce_done.synchronize()  # the last transfer through it is over
         if self._bounce is None or self._bounce.numel() < numel:
             self._bounce = torch.empty(numel, dtype=self._kv.dtype, pin_memory=True)
         return self._bounce[:numel].view(shape)
 
+    def _gather(self, dev: Tensor) -> Tensor:
+        """Device blocks `dev` as `[n, layers, 2, ...]`, contiguous (one gather, one permute)."""
+        return self._kv.index_select(2, dev).permute(2, 0, 1, 3, 4, 5).contiguous()
+
+    def _scatter(self, dev: Tensor, blocks: Tensor) -> None:
+        """Write `[n, layers, 2, ...]` blocks into device blocks `dev`."""
+        self._kv[:, :, dev] = blocks.permute(1, 2, 0, 3, 4, 5)
+
     def _swap_out(self, dev: list[int], host: list[int]) -> None:
         pool = self._host_pool()
         host_idx = torch.tensor(host, dtype=torch.int64)
         if self.device.type != "cuda":
-            pool.index_copy_(2, host_idx, self._kv.index_select(2, torch.tensor(dev)))
+            pool.index_copy_(0, host_idx, self._gather(torch.tensor(dev)))
             return
-        src = self.staging.to_device(np.array(dev, dtype=np.int64))
-        gathered = self._kv.index_select(2, src)  # one gather on the device
+        gathered = self._gather(self.staging.to_device(np.array(dev, dtype=np.int64)))
         bounce = self._bounce_view(len(dev))
         bounce.copy_(gathered, non_blocking=True)  # one transfer
         self._bounce_done.record()
         self._bounce_done.synchronize()
-        pool.index_copy_(2, host_idx, bounce)  # one scatter on the host
+        pool.index_copy_(0, host_idx, bounce)  # whole blocks into the host pool
 
     def _swap_in(self, host: list[int], dev: list[int]) -> None:
         pool = self._host_pool()
         host_idx = torch.tensor(host, dtype=torch.int64)
         if self.device.type != "cuda":
-            self._kv[:, :, torch.tensor(dev)] = pool.index_select(2, host_idx)
+            self._scatter(torch.tensor(dev), pool.index_select(0, host_idx))
             return
         bounce = self._bounce_view(len(host))
-        torch.index_select(pool, 2, host_idx, out=bounce)  # one gather on the host
+        torch.index_select(pool, 0, host_idx, out=bounce)  # whole blocks out of the host pool
         landed = bounce.to(self.device, non_blocking=True)  # one transfer
         self._bounce_done.record()
-        dst = self.staging.to_device(np.array(dev, dtype=np.int64))
-        self._kv[:, :, dst] = landed  # one scatter on the device
+        self._scatter(self.staging.to_device(np.array(dev, dtype=np.int64)), landed)
         self._bounce_done.synchronize()
 
     @torch.inference_mode()
