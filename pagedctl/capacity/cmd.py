@@ -128,6 +128,13 @@ def capacity(
         ),
         show_default=False,
     ),
+    swap_space: float | None = typer.Option(
+        None,
+        "--swap-space",
+        min=0.0,
+        help="Host memory (GiB) for preempted sequences' KV (--preemption-mode swap or auto): "
+        "its blocks and the preempted sequences it holds, apart from the running capacity.",
+    ),
     no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulation."),
     probe: bool = typer.Option(False, "--probe", help="Measure on this machine's GPU."),
     plot: bool = typer.Option(False, "--plot", help="Also write PNG charts (matplotlib)."),
@@ -148,6 +155,9 @@ def capacity(
        reservations and the engine's BlockPool, at several loads;
     5. --probe: the same figures measured on this machine's GPU;
     6. --plot: PNG charts.
+
+    --swap-space GIB adds the host pool that --preemption-mode swap or auto would get: its
+    blocks and the preempted sequences it holds, apart from the running capacity.
     """
     switches = {"recipe": recipe, "no_sim": no_sim, "probe": probe, "plot": plot}
     flags = {k: v for k, v in locals().items() if k not in (*switches, "switches")}

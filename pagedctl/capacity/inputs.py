@@ -92,7 +92,17 @@ def plan_inputs(s: dict, fp: ModelFootprint, dtype: str, nbytes: int) -> plan.Pl
         cuda_context_bytes=bytes_or_none(s["cuda_context"], "--cuda-context") or 0,
         shared_prefix=int(s.get("shared_prefix") or 0),
         cuda_graphs=_flag(s.get("cuda_graphs", True), "cuda_graphs"),
+        swap_space_bytes=_gib(s.get("swap_space"), "--swap-space"),
     )
+
+
+def _gib(value: Any, what: str) -> int | None:
+    """A size in GiB (a number >= 0, as the engine's --swap-space takes it) as bytes."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise typer.BadParameter(f"{what}: expected a number of GiB >= 0, got {value!r}")
+    return int(value * 2**30)
 
 
 def _flag(value: Any, what: str) -> bool:

@@ -1,4 +1,5 @@
-"""Sections 1-3 of `pagedctl capacity`: the pool, sequences that fit, block-size waste.
+"""Sections 1-3 of `pagedctl capacity`: the pool, sequences that fit, block-size waste; and the
+host pool of `--swap-space`.
 
 Pure arithmetic over a model's footprint, a card and a length source; every function returns
 rows (dicts) that the report prints and writes as they are.
@@ -15,6 +16,7 @@ from pagedctl.capacity.lengths import Lengths
 from pagedctl.capacity.model import ModelFootprint, activation_peak_bytes
 from pagedctl.engine.kv_cache_manager import cdiv
 from pagedctl.engine.kv_sizing import KVLayout, max_concurrency, sequences_in_pool
+from pagedctl.engine.swap import host_blocks
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class PlanInputs:
     cuda_context_bytes: int = 256 * 2**20
     shared_prefix: int = 0
     cuda_graphs: bool = True
+    swap_space_bytes: int | None = None  # host pool for preempted sequences (--swap-space)
 
     @property
     def layout(self) -> KVLayout:
@@ -196,4 +199,32 @@ def block_rows(inputs: PlanInputs, lengths: Lengths, all_pools: dict) -> list[di
                 "sequences_held": int(max(pool.num_blocks - shared_blocks, 0) // own),
             }
         )
+    return rows
+
+
+def host_rows(inputs: PlanInputs, lengths: Lengths | None) -> list[dict]:
+    """The `--swap-space` host pool per block size: its blocks at the model's bytes per block,
+    and the preempted sequences it holds at the lengths' mean blocks and at --max-len. Running
+    capacity is the device pool's alone: a host block holds a swapped-out sequence's KV."""
+    assert inputs.swap_space_bytes is not None
+    pmf = lengths.pmf() if lengths is not None else None
+    rows = []
+    for bs in inputs.block_sizes:
+        per_block = inputs.layout.bytes_per_block(bs)
+        blocks = host_blocks(inputs.swap_space_bytes, per_block)
+        row = {
+            "block_size": bs,
+            "swap_space_bytes": inputs.swap_space_bytes,
+            "bytes_per_block": per_block,
+            "host_blocks": blocks,
+            "host_tokens": blocks * bs,
+            "mean_blocks": None,
+            "preempted_at_mean": None,
+            "preempted_at_max_len": blocks // cdiv(inputs.max_len, bs),
+        }
+        if pmf is not None:
+            need = np.array([cdiv(int(k), bs) for k in range(len(pmf))], dtype=np.float64)
+            row["mean_blocks"] = float((pmf * need).sum())
+            row["preempted_at_mean"] = int(blocks // row["mean_blocks"])
+        rows.append(row)
     return rows

@@ -39,6 +39,7 @@ KEYS = (
     "seed",
     "cuda_context",
     "cuda_graphs",
+    "swap_space",
     "compare",
     "compare_source",
     "notes",

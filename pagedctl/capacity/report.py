@@ -97,6 +97,16 @@ BLOCK_COLUMNS = [
     ("pool_tokens", "pool tokens", _int),
     ("sequences_held", "sequences held", _int),
 ]
+HOST_COLUMNS = [
+    ("block_size", "block", _int),
+    ("swap_space_bytes", "host pool", _bytes),
+    ("bytes_per_block", "KV B/block", _int),
+    ("host_blocks", "host blocks", _int),
+    ("host_tokens", "host tokens", _int),
+    ("mean_blocks", "blocks/seq (mean)", _f1),
+    ("preempted_at_mean", "preempted seqs @mean", _int),
+    ("preempted_at_max_len", "preempted seqs @max-len", _int),
+]
 SIM_COLUMNS = [
     ("load", "load", _text),
     ("allocator", "allocator", _text),

@@ -42,8 +42,10 @@ class CapacityRun:
         self._pool_sections()
         if self.lengths is not None:
             self._block_section()
-            if simulate:
-                self._sim_section()
+        if inp.swap_space_bytes is not None:
+            self._host_section()
+        if self.lengths is not None and simulate:
+            self._sim_section()
         if probe:
             self._probe_section()
         if self.s.get("compare"):
@@ -81,6 +83,35 @@ class CapacityRun:
         ]
         self.sections.append(
             report.Section("blocks", "3. Block-size waste", report.BLOCK_COLUMNS, rows, notes)
+        )
+
+    def _host_section(self) -> None:
+        inp = self.inputs
+        rows = plan.host_rows(inp, self.lengths)
+        self.host_rows = rows
+        if self.lengths is not None:
+            at = (
+                f"the mean of {self.lengths.source} ({rows[0]['mean_blocks']:.1f} blocks of "
+                f"{rows[0]['block_size']}) and at --max-len {inp.max_len:,}"
+            )
+        else:
+            at = f"--max-len {inp.max_len:,} (give --lengths or --dist for the mean)"
+        notes = [
+            f"--swap-space {self.s['swap_space']:g} GiB of host memory (pinned on CUDA) for "
+            "--preemption-mode swap or auto: it holds sequences preempted off the device, never "
+            "running ones, so the running capacity above is unchanged",
+            f"preempted seqs: host blocks / blocks per sequence, at {at}; one preempted part way "
+            "holds fewer blocks, so more may fit; requests share no block on the host (a beam "
+            "group's beams do)",
+        ]
+        self.sections.append(
+            report.Section(
+                "swap",
+                "Host pool for preempted sequences (--swap-space)",
+                report.HOST_COLUMNS,
+                rows,
+                notes,
+            )
         )
 
     def _sim_section(self) -> None:
@@ -285,6 +316,10 @@ def figures(run: CapacityRun) -> dict[str, float]:
         for k in ("ratio_same_budget", "ratio_whole_card"):
             if row[k] is not None:
                 f[f"{k}@{n}"] = row[k]
+    for row in getattr(run, "host_rows", []):
+        for k in ("host_blocks", "preempted_at_mean", "preempted_at_max_len"):
+            if row[k] is not None:
+                f[f"{k}@{row['block_size']}"] = row[k]
     for row in getattr(run, "block_rows", []):
         for k in ("waste_tokens", "waste_share", "sequences_held"):
             f[f"{k}@{row['block_size']}"] = row[k]

@@ -20,6 +20,7 @@ from rich.text import Text
 from typer.exceptions import TyperException
 
 from pagedctl.engine.config import ConfigError, EngineConfig
+from pagedctl.engine.kv_sizing import format_bytes
 from pagedctl.engine.sampling_params import SamplingParams
 from pagedctl.exits import (
     EXIT_CODES,
@@ -288,6 +289,18 @@ def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
                 "beam searches: peak blocks (unshared, saved) / copies",
                 "{requests}: {peak_blocks:,} ({peak_blocks_unshared:,}, {shared_saving:.1%}) / "
                 "{cow_copies:,}".format(**beams),
+            ),
+        )
+    if swap := summary.get("swap"):  # only when preemption may swap: under the preemptions
+        moved = swap["blocks_out"] + swap["blocks_in"]
+        at = 1 + next(i for i, (name, _) in enumerate(rows) if name.startswith("preemptions"))
+        rows.insert(
+            at,
+            (
+                f"swap ({swap['preemption_mode']}): out / in, blocks, time, fallbacks",
+                f"{swap['swap_outs']:,} / {swap['swap_ins']:,}, {moved:,} "
+                f"({format_bytes(swap['bytes_moved'])}), {swap['transfer_s']:.3f} s, "
+                f"{swap['fallbacks_to_recompute']:,}",
             ),
         )
     for name, value in rows:

@@ -337,6 +337,11 @@ class GenerateJob:
     def _progress(self, llm, t0: float) -> None:
         c, sched = self.counts, llm.scheduler
         elapsed = max(time.perf_counter() - t0, 1e-9)
+        # Swapped-out sequences are neither running nor waiting: counted apart where a mode
+        # can swap (under recompute the line stays as it was).
+        swapped = {"swapped": sched.num_swapped}
+        if llm.config.preemption_mode == "recompute":
+            swapped = {}
         self.report.update(
             c.ok + c.failed + c.skipped,
             ok=c.ok,
@@ -344,6 +349,7 @@ class GenerateJob:
             out_tok_s=round(c.output_tokens / elapsed, 1),
             running=len(sched.running),
             waiting=len(sched.waiting),
+            **swapped,
             kv_usage=round(sched.kv.usage, 3),
             preemptions=sched.stats.num_preemptions,
         )
@@ -411,6 +417,7 @@ class GenerateJob:
             "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
             "peak_kv_usage": round(kv.stats.peak_used_blocks / kv.num_blocks, 4),
             **beam_summary(stats["beam_search"]),
+            **swap_summary(stats["swap"], llm.memory),
             "output": str(self.out_path),
             "errors": str(self.err_path),
             "interrupted_by": signal.Signals(self.stop_signal).name if self.stop_signal else None,
@@ -448,6 +455,28 @@ def beam_summary(beams: dict[str, int]) -> dict[str, Any]:
             "peak_blocks_unshared": unshared,
             "shared_saving": round(1 - peak / unshared, 4) if unshared else 0.0,
             "cow_copies": beams["num_cow_copies"],
+        }
+    }
+
+
+def swap_summary(swap: dict[str, Any], memory: dict[str, Any]) -> dict[str, Any]:
+    """The summary's `swap` figures from the engine's (`llm.stats["swap"]`, `llm.memory`): none
+    under the default `recompute`, where nothing is ever swapped."""
+    if swap["preemption_mode"] == "recompute" and not swap["swap_outs"]:
+        return {}
+    return {
+        "swap": {
+            "preemption_mode": swap["preemption_mode"],
+            "host_blocks": swap["num_host_blocks"],
+            "host_bytes": memory["swap_space_bytes"],
+            "swap_outs": swap["swap_outs"],
+            "swap_ins": swap["swap_ins"],
+            "blocks_out": swap["blocks_out"],
+            "blocks_in": swap["blocks_in"],
+            "bytes_moved": swap["bytes_moved"],
+            "transfer_s": round(swap["transfer_s"], 4),
+            "fallbacks_to_recompute": swap["fallbacks_to_recompute"],
+            **({"costs": swap["costs"]} if swap["costs"] else {}),  # what auto decided from
         }
     }
 

@@ -51,9 +51,11 @@ class Reporter:
     def update(self, done: int, **stats: Any) -> None:
         """Called as requests finish; the bar redraws, log lines come every `interval_s`."""
         if self._bar is not None:
+            swapped = f"  swapped {stats['swapped']}" if "swapped" in stats else ""
             detail = (
                 f"{stats['out_tok_s']:.0f} tok/s  running {stats['running']}  waiting "
-                f"{stats['waiting']}  KV {stats['kv_usage']:.0%}  preempted {stats['preemptions']}"
+                f"{stats['waiting']}{swapped}  KV {stats['kv_usage']:.0%}  preempted "
+                f"{stats['preemptions']}"
             )
             self._bar.update(self._task, completed=done, detail=detail)
             return

@@ -152,7 +152,8 @@ def sweep(
     The model is loaded once; per point the KV pool and scheduler are rebuilt, a short untimed
     warm-up runs, then --repeats timed runs (prefix cache emptied before each). Per point:
     requests/s, output and total tok/s, wall time, preemptions, recomputed tokens, prefix-cache
-    hit rate, peak and mean KV usage, internal waste and steps, as min / median / max over the
+    hit rate, peak and mean KV usage, internal waste and steps (and, where a point swaps, swap
+    outs, blocks and bytes moved, transfer time and fallbacks), as min / median / max over the
     repeats. A point that fails (a block size the kernel does not take, an impossible pool) is
     a row with its reason. Writes <name>.md, .csv and .json (and with --plot .png) to --out.
     Exit status 0, or 1 when every point failed.
@@ -286,5 +287,7 @@ def _progress(r: PointResult) -> str:
         parts[-1] += f" (spread {spread:.1%})"
     parts.append(f"{s['wall_s']['median']:.2f} s")
     parts.append(f"{s['preemptions']['median']:,.0f} preemptions")
+    if s["swap_outs"]["median"]:
+        parts[-1] += f" ({s['swap_outs']['median']:,.0f} by swap)"
     parts.append(f"{r.memory['num_blocks']:,} blocks of {r.memory['block_size']}")
     return ", ".join(parts)

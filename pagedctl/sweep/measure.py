@@ -15,8 +15,10 @@ from typing import Any
 class _StepProbe:
     """Given to `LLM.stream` as `should_stop`: looks at the pool once after every step.
 
-    Also follows preempted sequences (they wait at the front of the queue) to count, when each
-    is admitted again, the tokens it looked up and those the prefix cache still held.
+    Also follows sequences preempted by recompute (they wait at the front of the queue) to count,
+    when each is admitted again, the tokens it looked up and those the prefix cache still held.
+    Sequences swapped out wait in `scheduler.swapped` instead and come back without a lookup, so
+    they count for neither, nor does a waiting sequence that was never preempted.
     """
 
     def __init__(self, llm) -> None:
@@ -77,7 +79,7 @@ def run_once(llm, requests: list[dict], mode: str) -> dict[str, float]:
 
 
 def _metrics(before: dict, after: dict, probe: _StepProbe, outputs, wall, latencies) -> dict:
-    def diff(section: str, key: str) -> int:
+    def diff(section: str, key: str) -> float:
         return after[section][key] - before[section][key]
 
     ok = [o for o in outputs if o.ok]
@@ -104,6 +106,12 @@ def _metrics(before: dict, after: dict, probe: _StepProbe, outputs, wall, latenc
         "recomputed_share": diff("scheduler", "num_recomputed_tokens") / computed
         if computed
         else 0.0,
+        "swap_outs": diff("swap", "swap_outs"),
+        "swap_ins": diff("swap", "swap_ins"),
+        "swapped_blocks": diff("swap", "blocks_out") + diff("swap", "blocks_in"),
+        "swap_bytes": diff("swap", "bytes_moved"),
+        "swap_s": diff("swap", "transfer_s"),
+        "swap_fallbacks": diff("swap", "fallbacks_to_recompute"),
         "prefill_tokens": diff("scheduler", "num_prefill_tokens"),
         "decode_tokens": diff("scheduler", "num_decode_tokens"),
         "prefix_hit_rate": diff("prefix_cache", "hit_tokens") / queried if queried else 0.0,

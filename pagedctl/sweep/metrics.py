@@ -8,11 +8,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Metric:
-    """One measured quantity: its table header, format and meaning."""
+    """One measured quantity: its table header, format and meaning; tables show it times
+    `scale` (bytes as MiB), files as measured."""
 
     header: str
     fmt: str
     doc: str
+    scale: float = 1.0
 
 
 METRICS: dict[str, Metric] = {
@@ -25,9 +27,17 @@ METRICS: dict[str, Metric] = {
     "requests_per_s": Metric("req/s", ",.2f", "finished requests per second"),
     "output_tok_s": Metric("out tok/s", ",.0f", "generated tokens per second"),
     "total_tok_s": Metric("total tok/s", ",.0f", "prompt + generated tokens per second"),
-    "preemptions": Metric("preemptions", ",.0f", "sequences put back (recompute)"),
+    "preemptions": Metric("preemptions", ",.0f", "sequences put back (recompute or swap)"),
     "recomputed_tokens": Metric("recomputed", ",.0f", "tokens computed again after preemption"),
     "recomputed_share": Metric("recomp. %", ".1%", "recomputed / all computed tokens"),
+    "swap_outs": Metric("swap outs", ",.0f", "preemptions by swap: KV moved to the host pool"),
+    "swap_ins": Metric("swap ins", ",.0f", "swapped-out sequences brought back from the host"),
+    "swapped_blocks": Metric("swapped blocks", ",.0f", "KV blocks moved out and back in"),
+    "swap_bytes": Metric("swap MiB", ",.1f", "KV bytes moved out and back in", 2**-20),
+    "swap_s": Metric("swap s", ",.3f", "time in swap transfers, waits included"),
+    "swap_fallbacks": Metric(
+        "swap fallbacks", ",.0f", "swaps the host pool could not take, recomputed instead"
+    ),
     "prefill_tokens": Metric("prefill tok", ",.0f", "tokens computed in prefill (and recompute)"),
     "decode_tokens": Metric("decode tok", ",.0f", "tokens computed one at a time"),
     "prefix_hit_rate": Metric("prefix hit %", ".1%", "prefix-cache hits / tokens looked up"),
@@ -51,6 +61,9 @@ METRICS: dict[str, Metric] = {
 }
 
 
+# Beside the recomputation columns wherever a point preempts by swap (`with_swap_columns`).
+SWAP_COLUMNS = ("swap_outs", "swapped_blocks", "swap_bytes", "swap_s", "swap_fallbacks")
+
 DEFAULT_COLUMNS = (
     "output_tok_s",
     "total_tok_s",
@@ -72,4 +85,12 @@ def fmt(metric: str, value: float | None) -> str:
     """A metric's value as its table shows it."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return format(value, METRICS[metric].fmt)
+    m = METRICS[metric]
+    return format(value * m.scale, m.fmt)
+
+
+def with_swap_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """`columns` with `SWAP_COLUMNS` after `recomputed_share` (or at the end), once each."""
+    rest = tuple(c for c in columns if c not in SWAP_COLUMNS)
+    at = rest.index("recomputed_share") + 1 if "recomputed_share" in rest else len(rest)
+    return rest[:at] + SWAP_COLUMNS + rest[at:]

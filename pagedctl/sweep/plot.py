@@ -35,7 +35,8 @@ def write_plots(doc: dict, out: Path, stem: str) -> list[Path]:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         for name, ps in series.items():
             pos = [xs.index(value(p, xs_sec, xs_key)) for p in ps]
-            s = [p["summary"][exp["primary"]] for p in ps]
+            scale = METRICS[exp["primary"]].scale  # as the table shows it (bytes in MiB)
+            s = [{k: v * scale for k, v in p["summary"][exp["primary"]].items()} for p in ps]
             med = [v["median"] for v in s]
             low = [m - v["min"] for m, v in zip(med, s, strict=True)]
             high = [v["max"] - m for m, v in zip(med, s, strict=True)]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedctl.recipe_file import read_recipe
-from pagedctl.sweep.metrics import DEFAULT_COLUMNS, METRICS
+from pagedctl.sweep.metrics import DEFAULT_COLUMNS, METRICS, with_swap_columns
 from pagedctl.sweep.settings import (
     DEFAULT_WORKLOAD,
     LENGTH_KEYS,
@@ -159,7 +159,7 @@ def _experiment(where: str, doc: Any, engine: dict, workload: dict, base: Path) 
     mode = doc.get("mode", "batch")
     if mode not in MODES:
         raise fail(where, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    columns = tuple(doc.get("columns") or DEFAULT_COLUMNS)
+    columns = tuple(doc.get("columns") or default_columns(points))
     primary = doc.get("primary") or ("later_ms" if mode == "sequential" else "output_tok_s")
     for metric in (*columns, primary):
         if metric not in METRICS:
@@ -215,6 +215,12 @@ def expand_axes(points: list[Point], axes: list[tuple[str, str, list[Any]]]) -> 
     return out
 
 
+def default_columns(points: list[Point]) -> tuple[str, ...]:
+    """The columns of an experiment that names none: the swap columns too where a point swaps."""
+    swaps = any(p.engine.get("preemption_mode", "recompute") != "recompute" for p in points)
+    return with_swap_columns(DEFAULT_COLUMNS) if swaps else DEFAULT_COLUMNS
+
+
 def _check_labels(where: str, points: list[Point]) -> None:
     labels = [p.label for p in points]
     if len(points) > 1 and (len(set(labels)) < len(labels) or "" in labels):
@@ -261,13 +267,17 @@ def grid_recipe(
     point = Point("", dict(engine), merge_workload(DEFAULT_WORKLOAD, workload))
     points = expand_axes([point], axes)
     title = " x ".join(SHORT.get(key, key) for _, key, _ in axes) or "one point"
-    return SweepRecipe(name, [Experiment("grid", title, points)], load=load, **top)
+    experiment = Experiment("grid", title, points, columns=default_columns(points))
+    return SweepRecipe(name, [experiment], load=load, **top)
 
 
 def add_axes(recipe: SweepRecipe, axes: list[tuple[str, str, list[Any]]]) -> None:
-    """Lay command-line axes over every experiment of a recipe (points x the new grid)."""
+    """Lay command-line axes over every experiment of a recipe (points x the new grid); an
+    experiment on the default columns gets the swap columns where a point now swaps."""
     for exp in recipe.experiments:
         exp.points = expand_axes(exp.points, axes)
+        if exp.columns == DEFAULT_COLUMNS:
+            exp.columns = default_columns(exp.points)
 
 
 def scale_recipe(recipe: SweepRecipe, factor: float) -> None:

@@ -92,6 +92,9 @@ def table(exp: dict, doc: dict) -> tuple[list[str], list[list[str]]]:
     ]
     headers = ["point"] + [SHORT.get(k, k) for _, k in varying]
     headers += ["blocks", "pool tok"]
+    host = any(p["memory"].get("num_host_blocks") for p in points)  # a swap pool somewhere
+    if host:
+        headers.append("host blocks")
     base = next((p for p in points if p["status"] == "ok"), None)
     for m in exp["columns"]:
         headers.append(METRICS[m].header)
@@ -109,6 +112,8 @@ def table(exp: dict, doc: dict) -> tuple[list[str], list[list[str]]]:
         row += [show_value(p[section].get(key)) for section, key in varying]
         mem = p["memory"]
         row += [f"{mem['num_blocks']:,}" if mem else "–", f"{mem['pool_tokens']:,}" if mem else "–"]
+        if host:
+            row.append(f"{mem['num_host_blocks']:,}" if mem else "–")
         for m in exp["columns"]:
             med = p["summary"].get(m, {}).get("median")
             row.append(fmt(m, med))
@@ -260,6 +265,7 @@ def csv_rows(doc: dict) -> list[dict[str, Any]]:
             row["workload"] = json.dumps(p["workload"], sort_keys=True)
             row["pool_blocks"] = p["memory"].get("num_blocks", "")
             row["pool_tokens"] = p["memory"].get("pool_tokens", "")
+            row["host_blocks"] = p["memory"].get("num_host_blocks", "")
             row["repeats"] = len(p["runs"])
             for m in METRICS:
                 s = p["summary"].get(m, {})

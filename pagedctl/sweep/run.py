@@ -157,6 +157,8 @@ def run_point(llm, point: Point, settings: dict, mode: str, recipe: SweepRecipe,
             "pool_tokens": llm.memory["num_blocks"] * llm.memory["block_size"],
             "kv_cache_bytes": llm.memory["kv_cache_bytes"],
             "max_model_len": llm.max_model_len,
+            "num_host_blocks": llm.memory["num_host_blocks"],
+            "swap_space_bytes": llm.memory["swap_space_bytes"],
         }
         workload = build_workload(point.workload, llm.model.vocab_size, cache)
         if recipe.warmup != "off":
