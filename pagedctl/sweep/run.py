@@ -159,6 +159,7 @@ def run_point(llm, point: Point, settings: dict, mode: str, recipe: SweepRecipe,
             "max_model_len": llm.max_model_len,
             "num_host_blocks": llm.memory["num_host_blocks"],
             "swap_space_bytes": llm.memory["swap_space_bytes"],
+            "preemption_costs": llm.stats["swap"]["costs"],  # what `auto` decides by
         }
         workload = build_workload(point.workload, llm.model.vocab_size, cache)
         if recipe.warmup != "off":
