@@ -6,7 +6,8 @@ One step, top to bottom:
    back to the front of the waiting queue to be recomputed, or moved to the host pool), until it
    fits or the sequence itself was the victim.
 2. Only if nothing was preempted: swapped-out units in the order they were admitted, each
-   brought back when its blocks and its next tokens fit; the first that does not stops this.
+   brought back when its blocks and its next tokens fit; the first that does not stops this
+   (or, alone with the whole pool, goes to the front of `waiting` to be recomputed).
 3. Only if nothing was preempted and nothing is left swapped out: waiting sequences in arrival
    order, each after its prefix-cache lookup (so a hit is not charged to the budget), while the
    budget, `max_num_seqs` and the pool allow. The first one that does not fit stops admission
@@ -174,9 +175,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted and self.swapped:
+        # Only a preemption of this step holds admissions back: a swapped-out unit turned into
+        # a recompute (`_drop_swapped`) waits at the front of `waiting`, to be admitted or
+        # capped now, or the step would run nothing.
+        preempted = bool(out.preempted)
+        if not preempted and self.swapped:
             budget = self._schedule_swapped(out, budget)
-        if not out.preempted and not self.swapped:
+        if not preempted and not self.swapped:
             budget = self._schedule_waiting(out, budget)
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         return out
