@@ -376,6 +376,9 @@ class SchedulerConfig:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        modes = SETTINGS["preemption_mode"].choices
+        if self.preemption_mode not in modes:
+            raise ValueError(f"preemption_mode must be one of {modes}: {self.preemption_mode!r}")
 
 
 def default_step_limits(device_type: str, total_bytes: int = 0) -> tuple[int, int]:
