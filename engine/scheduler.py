@@ -254,8 +254,13 @@ class Scheduler:
         """Turn a swapped-out unit into one preempted by recompute (its host blocks freed)."""
         for seq in unit:
             self._num_pending_forks += seq.num_seats - 1  # _preempt takes them off again
+        group = unit[0].beam
         head = self._recompute(unit, out)
-        head.num_preemptions -= 1  # the same preemption, carried out another way
+        # The same preemption, carried out another way: counted once.
+        if group is not None:
+            group.num_preemptions -= 1
+        else:
+            head.num_preemptions -= 1
         self.stats.num_preemptions -= 1
         self.stats.num_swap_fallbacks += 1
 
@@ -359,7 +364,11 @@ class Scheduler:
                 for seq in unit:
                     self._num_pending_forks -= seq.num_seats - 1
                     seq.status = SequenceStatus.SWAPPED
-                    seq.num_preemptions += 1
+                group = unit[0].beam  # a group counts its preemptions, a sequence its own
+                if group is not None:
+                    group.num_preemptions += 1
+                else:
+                    unit[0].num_preemptions += 1
                 self.swapped.appendleft(unit)  # victims go newest first: arrival order kept
                 self.stats.num_preemptions += 1
                 self.stats.num_swap_outs += 1
