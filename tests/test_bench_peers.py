@@ -184,6 +184,8 @@ def test_no_arguments_print_help_and_subcommands_still_work():
         (("--recipe", "no/such.yaml"), "no recipe 'no/such.yaml'"),
         (("--recipe", RECIPES / "nano-bench-cpu.yaml", "--peer", "vllm"), "unknown peer"),
         (("--recipe", RECIPES / "nano-bench-cpu.yaml", "scheduler"), "give no subcommand"),
+        (("--preemption-mode", "bogus"), "give --recipe"),  # a flag alone is never ignored
+        (("--block-size", "32"), "give --recipe"),
     ],
 )
 def test_bad_input_is_one_clear_error(args, message):

@@ -67,6 +67,11 @@ def bench_recipe(
             raise typer.BadParameter("--recipe runs the recipe benchmark; give no subcommand")
         return
     if recipe is None:
+        given = [peer, temperature, num_requests, output_json]
+        if engine or any(v is not None for v in given):  # never ignore a flag silently
+            raise typer.BadParameter(
+                "these options run a recipe: give --recipe NAME|FILE (or a subcommand)"
+            )
         typer.echo(ctx.get_help())  # plain: Rich markup would drop every "[default: ...]"
         raise typer.Exit(0)
     import dataclasses
