@@ -299,9 +299,9 @@ class BeamGroup:
 
         Before its first step that is the root itself. After it, a new leader holding the
         longest prefix every live beam shares (at most all but their last token): it computes
-        that prefix once, then the beams fork from it (`unfold`) and compute the rest.
+        that prefix once, then the beams fork from it (`unfold`) and compute the rest. (The
+        scheduler counts the preemption in `num_preemptions`.)
         """
-        self.num_preemptions += 1
         if self.root is not None or self.leader is not None:
             return self.root or self.leader  # (it computes from its first token again)
         seqs = [b.seq for b in self.beams]

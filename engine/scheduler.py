@@ -251,17 +251,9 @@ class Scheduler:
         return budget
 
     def _drop_swapped(self, unit: list[Sequence], out: SchedulerOutput) -> None:
-        """Turn a swapped-out unit into one preempted by recompute (its host blocks freed)."""
-        for seq in unit:
-            self._num_pending_forks += seq.num_seats - 1  # _preempt takes them off again
-        group = unit[0].beam
-        head = self._recompute(unit, out)
-        # The same preemption, carried out another way: counted once.
-        if group is not None:
-            group.num_preemptions -= 1
-        else:
-            head.num_preemptions -= 1
-        self.stats.num_preemptions -= 1
+        """Turn a swapped-out unit into one preempted by recompute (its host blocks freed): the
+        same preemption, carried out another way, so counted once."""
+        self._recompute(unit, out)
         self.stats.num_swap_fallbacks += 1
 
     def _allocate_unit(self, unit: list[Sequence], n: int, out: SchedulerOutput) -> list | None:
@@ -357,20 +349,21 @@ class Scheduler:
     def _preempt(self, unit: list[Sequence], out: SchedulerOutput, swap: bool = True) -> None:
         """Take a unit (out of `running`) off the device: to the host pool where the mode
         says so and the host has room, else freed, to be recomputed."""
+        for seq in unit:
+            self._num_pending_forks -= seq.num_seats - 1
+        group = unit[0].beam  # a group counts its preemptions, a sequence its own
+        if group is not None:
+            group.num_preemptions += 1
+        else:
+            unit[0].num_preemptions += 1
+        self.stats.num_preemptions += 1
         mode = self.config.preemption_mode
         if swap and mode != "recompute" and (mode == "swap" or self._swap_pays(unit)):
             ops = self.kv.swap_out(unit)
             if ops is not None:
                 for seq in unit:
-                    self._num_pending_forks -= seq.num_seats - 1
                     seq.status = SequenceStatus.SWAPPED
-                group = unit[0].beam  # a group counts its preemptions, a sequence its own
-                if group is not None:
-                    group.num_preemptions += 1
-                else:
-                    unit[0].num_preemptions += 1
                 self.swapped.appendleft(unit)  # victims go newest first: arrival order kept
-                self.stats.num_preemptions += 1
                 self.stats.num_swap_outs += 1
                 self.stats.num_swapped_out_blocks += len(ops)
                 out.swap_out.extend(ops)
@@ -387,22 +380,18 @@ class Scheduler:
         tokens = min(sum(seq.num_computed_tokens for seq in unit), blocks * self.block_size)
         return self.costs.prefers_swap(blocks, tokens)
 
-    def _recompute(self, unit: list[Sequence], out: SchedulerOutput) -> Sequence:
-        """Free every block of a unit and queue it at the front of `waiting`; the sequence
-        queued (a beam group's leader, or the unit's one sequence)."""
+    def _recompute(self, unit: list[Sequence], out: SchedulerOutput) -> None:
+        """Free every block of a preempted unit (counted by the caller, its pending forks off)
+        and queue it at the front of `waiting`: its one sequence, or a beam group's leader."""
         for seq in unit:
-            self._num_pending_forks -= seq.num_seats - 1
             self.kv.free(seq)
             seq.status = SequenceStatus.PREEMPTED
             seq.num_computed_tokens = 0
         head = unit[0] if unit[0].beam is None else unit[0].beam.preempt()
         head.status = SequenceStatus.PREEMPTED
         head.num_computed_tokens = 0
-        head.num_preemptions += 1
-        self.stats.num_preemptions += 1
         self.waiting.appendleft(head)
         out.preempted.extend(unit)
-        return head
 
     # ------------------------------------------------------------------ update
 
