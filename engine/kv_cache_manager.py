@@ -138,10 +138,13 @@ class KVCacheManager:
         copies = self._copy_on_write(seq) if cow else NO_COPIES
         if num_new_blocks > 0:
             table.extend(b.block_id for b in self.pool.get_new_blocks(num_new_blocks))
+        self._note_peak()
+        return copies
+
+    def _note_peak(self) -> None:
         used = self.pool.num_used_blocks
         if used > self.stats.peak_used_blocks:
             self.stats.peak_used_blocks = used
-        return copies
 
     def _adopt_hit(self, seq: Sequence, computed: list[KVCacheBlock]) -> None:
         assert not seq.block_table, "a prefix hit is only taken by a sequence without blocks"
@@ -287,9 +290,7 @@ class KVCacheManager:
             self.host.free(table)
             self._num_cached_blocks[seq.seq_id] = 0
             self.cache_blocks(seq)  # full blocks findable again (unless another holds the hash)
-        used = self.pool.num_used_blocks
-        if used > self.stats.peak_used_blocks:
-            self.stats.peak_used_blocks = used
+        self._note_peak()
         return list(to_dev.items())
 
     def host_table(self, seq: Sequence) -> list[int]:
