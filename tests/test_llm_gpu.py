@@ -94,7 +94,7 @@ def test_swap_preemption_matches_recompute_on_cuda(tmp_path):
             stats[mode] = llm.stats["swap"]
             if mode == "auto":
                 costs = llm.scheduler.costs  # a tiny model's prefill may cost ~0 a token
-                assert costs is not None and min(costs.as_dict().values()) >= 0
+                assert costs is not None and costs.swap_s(1) > 0  # a transfer takes time
             del llm
         assert runs["recompute"] == runs["swap"] == runs["auto"] == runs["unconstrained"]
         assert stats["swap"]["swap_outs"] > 0 and stats["swap"]["swap_ins"] > 0
