@@ -459,7 +459,7 @@ class LLM:
                 "blocks_in": sched.num_swapped_in_blocks,
                 "bytes_moved": (sched.num_swapped_out_blocks + sched.num_swapped_in_blocks)
                 * block_bytes,
-                "transfer_s": self.runner.swap_seconds,
+                "transfer_s": self.runner.host_kv.seconds,
                 "fallbacks_to_recompute": sched.num_swap_fallbacks,
                 "recomputed_tokens": sched.num_recomputed_tokens,
                 "swapped_now": self.scheduler.num_swapped,

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import empty_kv_cache, graph_capturable
+from .host_kv import HostKVCache
 from .models.attention import AttentionMetadata
 from .profiling import prefill_forward
 from .sampler import Sampler, SamplerOutput, make_generator
@@ -108,11 +109,6 @@ class ModelRunner:
             kv_dtype, device,
         )  # fmt: skip
         self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
-        self.num_host_blocks = num_host_blocks
-        self._host_kv: Tensor | None = None  # [host blocks, layers, 2, block, heads, dim]
-        self._bounce: Tensor | None = None  # pinned bytes a transfer passes through on CUDA
-        self._bounce_done = torch.cuda.Event() if device.type == "cuda" else None
-        self.swap_seconds = 0.0  # time spent in swap transfers, waits included
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
@@ -125,6 +121,7 @@ class ModelRunner:
         self._dev_table = torch.zeros((0, self._max_blocks), dtype=torch.int32, device=device)
         self._grow_table(max(16, max_num_seqs))
         self.staging = Staging(device)
+        self.host_kv = HostKVCache(self._kv, num_host_blocks, self.staging)
         self.step_counts: Counter[str] = Counter()  # steps run as "decode" / "mixed" / "eager"
         self.graphs: StepGraphs | None = None
         if cuda_graphs is True and device.type == "cuda" and not graph_capturable("cuda"):
@@ -410,71 +407,10 @@ class ModelRunner:
     @torch.inference_mode()
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Move blocks between the device pool and the host pool: `swap_out` (device, host)
-        first, then `swap_in` (host, device), each as one gathered transfer over every layer's
-        K and V. Done before the step's copies and forward pass, in stream order, so a freed
-        device block is read before anything writes it again. Waits for the transfers."""
-        start = time.perf_counter()
-        if swap_out:
-            self._swap_out([d for d, _ in swap_out], [h for _, h in swap_out])
-        if swap_in:
-            self._swap_in([h for h, _ in swap_in], [d for _, d in swap_in])
-        self.swap_seconds += time.perf_counter() - start
-
-    def _block_shape(self, num_blocks: int) -> list[int]:
-        """`[num_blocks, layers, 2, block, heads, dim]`: on the host a block is one contiguous
-        run over every layer's K and V, so a transfer moves whole blocks, not per-layer slices."""
-        layers, kv, _, *rest = self._kv.shape
-        return [num_blocks, layers, kv, *rest]
-
-    def _host_pool(self) -> Tensor:
-        if self._host_kv is None:
-            shape = self._block_shape(self.num_host_blocks)
-            pinned = self.device.type == "cuda"
-            self._host_kv = torch.empty(shape, dtype=self._kv.dtype, pin_memory=pinned)
-        return self._host_kv
-
-    def _bounce_view(self, num_blocks: int) -> Tensor:
-        """A contiguous pinned tensor of `num_blocks` host blocks, free to be written."""
-        shape = self._block_shape(num_blocks)
-        numel = int(np.prod(shape))
-        self._bounce_done.synchronize()  # the last transfer through it is over
-        if self._bounce is None or self._bounce.numel() < numel:
-            self._bounce = torch.empty(numel, dtype=self._kv.dtype, pin_memory=True)
-        return self._bounce[:numel].view(shape)
-
-    def _gather(self, dev: Tensor) -> Tensor:
-        """Device blocks `dev` as `[n, layers, 2, ...]`, contiguous (one gather, one permute)."""
-        return self._kv.index_select(2, dev).permute(2, 0, 1, 3, 4, 5).contiguous()
-
-    def _scatter(self, dev: Tensor, blocks: Tensor) -> None:
-        """Write `[n, layers, 2, ...]` blocks into device blocks `dev`."""
-        self._kv[:, :, dev] = blocks.permute(1, 2, 0, 3, 4, 5)
-
-    def _swap_out(self, dev: list[int], host: list[int]) -> None:
-        pool = self._host_pool()
-        host_idx = torch.tensor(host, dtype=torch.int64)
-        if self.device.type != "cuda":
-            pool.index_copy_(0, host_idx, self._gather(torch.tensor(dev)))
-            return
-        gathered = self._gather(self.staging.to_device(np.array(dev, dtype=np.int64)))
-        bounce = self._bounce_view(len(dev))
-        bounce.copy_(gathered, non_blocking=True)  # one transfer
-        self._bounce_done.record()
-        self._bounce_done.synchronize()
-        pool.index_copy_(0, host_idx, bounce)  # whole blocks into the host pool
-
-    def _swap_in(self, host: list[int], dev: list[int]) -> None:
-        pool = self._host_pool()
-        host_idx = torch.tensor(host, dtype=torch.int64)
-        if self.device.type != "cuda":
-            self._scatter(torch.tensor(dev), pool.index_select(0, host_idx))
-            return
-        bounce = self._bounce_view(len(host))
-        torch.index_select(pool, 0, host_idx, out=bounce)  # whole blocks out of the host pool
-        landed = bounce.to(self.device, non_blocking=True)  # one transfer
-        self._bounce_done.record()
-        self._scatter(self.staging.to_device(np.array(dev, dtype=np.int64)), landed)
-        self._bounce_done.synchronize()
+        first, then `swap_in` (host, device). Queued before the step's copies and forward pass,
+        in stream order, so a freed device block is read before anything writes it again."""
+        self.host_kv.swap_out([d for d, _ in swap_out], [h for _, h in swap_out])
+        self.host_kv.swap_in([h for h, _ in swap_in], [d for _, d in swap_in])
 
     @torch.inference_mode()
     def calibrate_preemption(self, max_prefill_tokens: int) -> PreemptionCosts:
@@ -494,13 +430,13 @@ class ModelRunner:
             return min(times[1:])
 
         num_blocks = self._kv.shape[2]
-        sizes = (1, max(2, min(64, num_blocks, self.num_host_blocks)))
+        host = self.host_kv
+        sizes = (1, max(2, min(64, num_blocks, host.num_blocks)))
         rounds = []
         for n in sizes:
             ids = list(range(n))
-            rounds.append(
-                fastest(lambda ids=ids: (self._swap_out(ids, ids), self._swap_in(ids, ids)))
-            )
+            rounds.append(fastest(lambda i=ids: (host.swap_out(i, i), host.swap_in(i, i))))
+        host.reset_seconds()  # the timed copies are not the run's
         transfer = fitted(sizes, (rounds[0] / 2, rounds[1] / 2))
         pool_tokens = num_blocks * self.block_size
         long = max(2, min(max_prefill_tokens, 1024, pool_tokens))
@@ -522,8 +458,7 @@ class ModelRunner:
             self.graphs.clear()
         self.kv_caches = []
         self._kv = None
-        self._host_kv = None
-        self._bounce = None
+        self.host_kv.close()
         self._rows.clear()
 
     # ------------------------------------------------------------------ sampling state

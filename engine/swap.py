@@ -4,7 +4,7 @@ PagedAttention's scheduler recovers a preempted sequence group in one of two way
 group's blocks to CPU memory and back (swap), or frees them and computes the tokens again
 (recompute). The paper found recompute better for small blocks, whose many small transfers waste
 PCIe bandwidth, and swap better for large ones. Here a swap moves all of a victim's blocks in one
-gathered transfer, so the block size matters less; `PreemptionCosts` compares the two from
+gathered copy (`HostKVCache`), so the block size matters less; `PreemptionCosts` compares the two from
 figures timed on the machine at start-up.
 
 The host pool holds no hashes: the prefix cache serves only device blocks, and a swapped-out
@@ -13,6 +13,7 @@ sequence's device blocks are freed (still findable by their hashes while their d
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 PREEMPTION_MODES = ("recompute", "swap", "auto")
@@ -23,28 +24,49 @@ class HostBlockPool:
 
     Blocks shared on the device by the beams of one victim group are shared on the host in the
     same way, so a group's swap moves each distinct block once. Only blocks in use have a count
-    (a pool of gigabytes holds hundreds of thousands of small blocks).
+    (a pool of gigabytes holds hundreds of thousands of small blocks); free blocks are kept as
+    runs of consecutive ids, and an allocation takes one run where one is long enough (the
+    lowest such), so that a victim's blocks move in one copy (`HostKVCache`). Only when none is
+    does it piece runs together, longest first.
     """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_cnt: dict[int, int] = {}  # block id -> holders, for blocks in use
-        self._free = list(range(num_blocks - 1, -1, -1))  # popped from the end: low ids first
+        self._runs: list[tuple[int, int]] = [(0, num_blocks)] if num_blocks else []
+        self._num_free = num_blocks  # (start, length) above: sorted, disjoint, never adjacent
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def num_used_blocks(self) -> int:
         return len(self.ref_cnt)
 
+    @property
+    def num_free_runs(self) -> int:
+        return len(self._runs)
+
     def allocate(self, num_blocks: int) -> list[int]:
-        if num_blocks > len(self._free):
-            raise RuntimeError(f"asked for {num_blocks} host blocks, {len(self._free)} free")
-        out = [self._free.pop() for _ in range(num_blocks)]
+        if num_blocks > self._num_free:
+            raise RuntimeError(f"asked for {num_blocks} host blocks, {self._num_free} free")
+        fit = next((run for run in self._runs if run[1] >= num_blocks), None)
+        sources = [fit] if fit else sorted(self._runs, key=lambda run: -run[1])
+        runs = dict(self._runs)  # start -> length
+        out: list[int] = []
+        for start, n in sources:
+            take = min(n, num_blocks - len(out))
+            out.extend(range(start, start + take))
+            del runs[start]
+            if take < n:
+                runs[start + take] = n - take
+            if len(out) == num_blocks:
+                break
+        self._runs = sorted(runs.items())
         for block_id in out:
             self.ref_cnt[block_id] = 1
+        self._num_free -= num_blocks
         return out
 
     def touch(self, block_id: int) -> None:
@@ -52,15 +74,30 @@ class HostBlockPool:
         self.ref_cnt[block_id] += 1
 
     def free(self, block_ids: list[int]) -> None:
+        released = []
         for block_id in block_ids:
             count = self.ref_cnt.get(block_id, 0)
             if count <= 0:
                 raise RuntimeError(f"double free of host block {block_id}")
             if count == 1:
                 del self.ref_cnt[block_id]
-                self._free.append(block_id)
+                released.append(block_id)
             else:
                 self.ref_cnt[block_id] = count - 1
+        self._num_free += len(released)
+        self._release(sorted(released))
+
+    def _release(self, ids: list[int]) -> None:
+        """Put sorted free `ids` back as runs, merged with their neighbours."""
+        for _, first, n in host_runs(ids):
+            i = bisect.bisect(self._runs, (first, 0))
+            if i < len(self._runs) and self._runs[i][0] == first + n:  # joins the next run
+                n += self._runs.pop(i)[1]
+            if i and sum(self._runs[i - 1]) == first:  # joins the previous run
+                first, prev = self._runs[i - 1]
+                self._runs[i - 1] = (first, prev + n)
+            else:
+                self._runs.insert(i, (first, n))
 
     def check_integrity(self, tables: list[list[int]]) -> None:
         """Every host block's count is the number of swapped tables holding it."""
@@ -69,7 +106,10 @@ class HostBlockPool:
             for block_id in table:
                 holders[block_id] = holders.get(block_id, 0) + 1
         assert holders == self.ref_cnt, "host reference counts drifted from the swapped tables"
-        assert len(self.ref_cnt) + len(self._free) == self.num_blocks, "host free count drifted"
+        free = {b for start, n in self._runs for b in range(start, start + n)}
+        assert len(free) == self._num_free == sum(n for _, n in self._runs), "host runs drifted"
+        assert not free & self.ref_cnt.keys(), "a host block is both free and in use"
+        assert len(self.ref_cnt) + self._num_free == self.num_blocks, "host free count drifted"
 
 
 @dataclass(frozen=True)
@@ -103,6 +143,17 @@ class PreemptionCosts:
             "transfer_s_per_block": self.transfer_s_per_block,
             "prefill_s_per_token": self.prefill_s_per_token,
         }
+
+
+def host_runs(ids: list[int]) -> list[tuple[int, int, int]]:
+    """`(offset, first id, length)` of each run of consecutive ids in `ids`, in order."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append((start, ids[start], i - start))
+            start = i
+    return runs
 
 
 def host_blocks(swap_space_bytes: int, bytes_per_block: int) -> int:

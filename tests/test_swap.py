@@ -27,8 +27,10 @@ from pagedctl.engine import (
 )
 from pagedctl.engine.beam_search import BeamGroup
 from pagedctl.engine.config import CacheConfig, SchedulerConfig
+from pagedctl.engine.host_kv import HostKVCache
 from pagedctl.engine.kv_cache_manager import KVCacheManager
 from pagedctl.engine.llm import LLM
+from pagedctl.engine.staging import Staging
 from pagedctl.engine.swap import HostBlockPool, PreemptionCosts, fitted, host_blocks
 from tests.sched_utils import EOS, make_seq
 from tests.tiny_models import save_tiny_model
@@ -443,9 +445,9 @@ def test_recompute_mode_has_no_host_pool(engines):
 
 
 def test_host_block_pool():
-    """Low ids first; touch shares a block, free drops one holder at a time; asking for more
-    than is free, freeing a free block and touching one are refused; check_integrity compares
-    the counts with the tables that hold them."""
+    """Low ids first, in one run; touch shares a block, free drops one holder at a time; asking
+    for more than is free, freeing a free block and touching one are refused; check_integrity
+    compares the counts with the tables that hold them."""
     pool = HostBlockPool(4)
     assert (pool.num_free_blocks, pool.num_used_blocks) == (4, 0)
     a = pool.allocate(2)
@@ -467,11 +469,64 @@ def test_host_block_pool():
         pool.free([1])
     with pytest.raises(AssertionError, match="host block 3 is free"):
         pool.touch(3)
-    assert pool.allocate(4) == [1, 0, 2, 3]  # freed blocks are reused first, last freed first
+    assert pool.num_free_runs == 1  # freed blocks merge back into one run
+    assert pool.allocate(4) == [0, 1, 2, 3]
     with pytest.raises(RuntimeError):
         pool.allocate(1)
     pool.free([3, 2, 1, 0])
     pool.check_integrity([])
+
+
+def test_host_block_pool_hands_out_runs():
+    """A victim gets one run of consecutive ids where one is long enough (the lowest); when
+    none is, the longest runs are pieced together; freed ids merge with their neighbours."""
+    pool = HostBlockPool(10)
+    a, b, c = pool.allocate(3), pool.allocate(2), pool.allocate(3)
+    assert (a, b, c) == ([0, 1, 2], [3, 4], [5, 6, 7])
+    pool.free(a)
+    pool.free(c)
+    assert pool.num_free_runs == 2  # 0-2 and 5-9
+    assert pool.allocate(4) == [5, 6, 7, 8]  # the first run that holds four
+    assert pool.allocate(2) == [0, 1]
+    pool.check_integrity([b, [5, 6, 7, 8], [0, 1]])
+    pool.free([5, 6, 7, 8])
+    assert pool.allocate(6) == [5, 6, 7, 8, 9, 2]  # no run of six: the longest first
+    assert pool.num_free_blocks == 0 and pool.num_free_runs == 0
+    pool.free([3, 4, 0, 1, 5, 6, 7, 8, 9, 2])
+    assert pool.num_free_runs == 1
+    pool.check_integrity([])
+
+
+def test_host_block_pool_survives_random_use():
+    """Random allocations, shares and frees: the runs and counts always match the holders."""
+    rng = random.Random(0)
+    pool, held = HostBlockPool(50), []
+    for _ in range(3000):
+        if held and rng.random() < 0.5:
+            pool.free(held.pop(rng.randrange(len(held))))
+        elif (n := rng.randint(1, 8)) <= pool.num_free_blocks:
+            table = pool.allocate(n)
+            assert len(set(table)) == n
+            if rng.random() < 0.3:
+                pool.touch(table[0])
+                held.append([table[0]])
+            held.append(table)
+        pool.check_integrity(held)
+
+
+def test_host_kv_cache_moves_scattered_blocks_both_ways():
+    """Blocks out to scattered host ids (several runs) and back to other device blocks arrive
+    whole in every layer's K and V; the transfers are timed."""
+    kv = torch.randn(3, 2, 8, 4, 2, 5)  # [layers, 2, blocks, block, heads, dim]
+    host = HostKVCache(kv, 6, Staging(torch.device("cpu")))
+    host.swap_out([1, 6, 3, 0], [4, 0, 1, 5])  # host runs 0-1 and 4-5
+    want = kv[:, :, [1, 6, 3, 0]].clone()
+    kv[:, :, [1, 6, 3, 0]] = 0
+    host.swap_in([5, 0, 4, 1], [2, 7, 4, 5])  # blocks 0, 6, 1, 3 land on 2, 7, 4, 5
+    torch.testing.assert_close(kv[:, :, [4, 7, 5, 2]], want, rtol=0, atol=0)
+    assert host.seconds > 0
+    host.reset_seconds()
+    assert host.seconds == 0
 
 
 def _manager(num_blocks=8, host=4, caching=False) -> KVCacheManager:

@@ -34,7 +34,7 @@ METRICS: dict[str, Metric] = {
     "swap_ins": Metric("swap ins", ",.0f", "swapped-out sequences brought back from the host"),
     "swapped_blocks": Metric("swapped blocks", ",.0f", "KV blocks moved out and back in"),
     "swap_bytes": Metric("swap MiB", ",.1f", "KV bytes moved out and back in", 2**-20),
-    "swap_s": Metric("swap s", ",.3f", "time in swap transfers, waits included"),
+    "swap_s": Metric("swap s", ",.3f", "time the swap transfers took"),
     "swap_fallbacks": Metric(
         "swap fallbacks", ",.0f", "swaps the host pool could not take, recomputed instead"
     ),
