@@ -415,7 +415,8 @@ class ModelRunner:
     @torch.inference_mode()
     def calibrate_preemption(self, max_prefill_tokens: int) -> PreemptionCosts:
         """Time what `auto` preemption weighs, before any sequence holds a block: a swap's
-        transfer at two sizes and a prefill at two lengths, each the fastest of three runs.
+        transfer at two sizes (the copies' time, as `HostKVCache` counts it) and a prefill at
+        two lengths, each the fastest of three runs.
         Writes into the pool's first blocks, which hold nothing yet."""
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
 
@@ -433,9 +434,14 @@ class ModelRunner:
         host = self.host_kv
         sizes = (1, max(2, min(64, num_blocks, host.num_blocks)))
         rounds = []
-        for n in sizes:
-            ids = list(range(n))
-            rounds.append(fastest(lambda i=ids: (host.swap_out(i, i), host.swap_in(i, i))))
+        for n in sizes:  # the copies' own time on the stream: a swap is never waited for
+            ids, times = list(range(n)), []
+            for _ in range(4):  # the first warms up
+                host.reset_seconds()
+                host.swap_out(ids, ids)
+                host.swap_in(ids, ids)
+                times.append(host.seconds)
+            rounds.append(min(times[1:]))
         host.reset_seconds()  # the timed copies are not the run's
         transfer = fitted(sizes, (rounds[0] / 2, rounds[1] / 2))
         pool_tokens = num_blocks * self.block_size

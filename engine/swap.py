@@ -4,8 +4,8 @@ PagedAttention's scheduler recovers a preempted sequence group in one of two way
 group's blocks to CPU memory and back (swap), or frees them and computes the tokens again
 (recompute). The paper found recompute better for small blocks, whose many small transfers waste
 PCIe bandwidth, and swap better for large ones. Here a swap moves all of a victim's blocks in one
-gathered copy (`HostKVCache`), so the block size matters less; `PreemptionCosts` compares the two from
-figures timed on the machine at start-up.
+gathered copy (`HostKVCache`), so the block size matters less; `PreemptionCosts` compares the
+two from figures timed on the machine at start-up.
 
 The host pool holds no hashes: the prefix cache serves only device blocks, and a swapped-out
 sequence's device blocks are freed (still findable by their hashes while their data lasts there).
