@@ -455,8 +455,7 @@ class ModelRunner:
             )
             for t in lengths
         ]
-        _, per_token = fitted(lengths, tuple(prefill))
-        return PreemptionCosts(transfer[0], transfer[1], per_token)
+        return PreemptionCosts(*transfer, *fitted(lengths, tuple(prefill)))
 
     def close(self) -> None:
         """Free the KV cache, the host pool and graphs (the model stays)."""

@@ -119,12 +119,17 @@ class PreemptionCosts:
     Attributes:
         transfer_fixed_s: a gathered transfer's cost whatever it moves (one way).
         transfer_s_per_block: what each block adds to it (one way).
-        prefill_s_per_token: the marginal cost of a prefill token in a step (the slope between two
-            prefill lengths, so a step's fixed cost, paid anyway, is not charged to recompute).
+        prefill_fixed_s: a prefill's cost whatever its length (the line's intercept through two
+            timed prefill lengths). Recompute is charged it: a step that recomputes runs a prefill
+            where the step it replaces would have been a decode (a graph replay, several steps
+            per launch), so on a card the model does not fill, that cost is most of what
+            recompute takes.
+        prefill_s_per_token: what each recomputed token adds (the line's slope).
     """
 
     transfer_fixed_s: float
     transfer_s_per_block: float
+    prefill_fixed_s: float
     prefill_s_per_token: float
 
     def swap_s(self, num_blocks: int) -> float:
@@ -132,7 +137,7 @@ class PreemptionCosts:
         return 2 * (self.transfer_fixed_s + num_blocks * self.transfer_s_per_block)
 
     def recompute_s(self, num_tokens: int) -> float:
-        return num_tokens * self.prefill_s_per_token
+        return self.prefill_fixed_s + num_tokens * self.prefill_s_per_token
 
     def prefers_swap(self, num_blocks: int, num_tokens: int) -> bool:
         return self.swap_s(num_blocks) < self.recompute_s(num_tokens)
@@ -141,6 +146,7 @@ class PreemptionCosts:
         return {
             "transfer_fixed_s": self.transfer_fixed_s,
             "transfer_s_per_block": self.transfer_s_per_block,
+            "prefill_fixed_s": self.prefill_fixed_s,
             "prefill_s_per_token": self.prefill_s_per_token,
         }
 

@@ -38,9 +38,9 @@ def candidates(seq: Sequence, data=None) -> tuple[list[int], list[float]]:
 # `auto`'s costs: none (swap while the host has room), one that always swaps, one that never
 # does, and one that swaps a victim of more than 5 computed tokens (a round trip of 0.5 s
 # against 0.1 s a token) and recomputes a shorter one.
-NEVER_SWAP = PreemptionCosts(1e3, 1.0, 0.0)
-PAST_5_TOKENS = PreemptionCosts(0.25, 0.0, 0.1)
-COSTS = [None, PreemptionCosts(0.0, 0.0, 1.0), NEVER_SWAP, PAST_5_TOKENS]
+NEVER_SWAP = PreemptionCosts(1e3, 1.0, 0.0, 0.0)
+PAST_5_TOKENS = PreemptionCosts(0.25, 0.0, 0.0, 0.1)
+COSTS = [None, PreemptionCosts(0.0, 0.0, 0.0, 1.0), NEVER_SWAP, PAST_5_TOKENS]
 
 
 class SlotTokens:

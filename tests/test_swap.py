@@ -349,8 +349,8 @@ def test_auto_calibrates_its_costs_and_follows_them(engines):
     assert_same(run.results, ref)
 
     for swaps, forced in (
-        (False, PreemptionCosts(1.0, 1.0, 0.0)),  # a transfer costs a second, tokens nothing
-        (True, PreemptionCosts(0.0, 0.0, 1.0)),  # a transfer is free, a token costs a second
+        (False, PreemptionCosts(1.0, 1.0, 0.0, 0.0)),  # a transfer costs a second, a prefill nothing
+        (True, PreemptionCosts(0.0, 0.0, 0.0, 1.0)),  # a transfer is free, a token costs a second
     ):
         rebuild(llm, **small)
         llm.scheduler.costs = forced
@@ -375,10 +375,13 @@ def test_auto_without_room_to_calibrate_swaps_while_the_host_has_room(engines):
 
 
 def test_preemption_costs_by_hand():
-    """A round trip is two transfers; recompute is charged per token; swap is chosen exactly
-    when its round trip is the cheaper."""
+    """A round trip is two transfers; recompute is charged a prefill's fixed cost and its
+    tokens; swap is chosen exactly when its round trip is the cheaper."""
     costs = PreemptionCosts(
-        transfer_fixed_s=1e-3, transfer_s_per_block=1e-4, prefill_s_per_token=1e-5
+        transfer_fixed_s=1e-3,
+        transfer_s_per_block=1e-4,
+        prefill_fixed_s=0.0,
+        prefill_s_per_token=1e-5,
     )
     assert costs.swap_s(10) == pytest.approx(2 * (1e-3 + 10 * 1e-4))  # 4 ms
     assert costs.recompute_s(160) == pytest.approx(1.6e-3)
@@ -388,8 +391,13 @@ def test_preemption_costs_by_hand():
     assert costs.as_dict() == {
         "transfer_fixed_s": 1e-3,
         "transfer_s_per_block": 1e-4,
+        "prefill_fixed_s": 0.0,
         "prefill_s_per_token": 1e-5,
     }
+    # A prefill's fixed cost is charged to every recompute, however short.
+    flat = PreemptionCosts(1e-4, 1e-5, prefill_fixed_s=5e-3, prefill_s_per_token=0.0)
+    assert flat.recompute_s(1) == flat.recompute_s(1000) == pytest.approx(5e-3)
+    assert flat.prefers_swap(64, 1)  # 1.48 ms of copies against a 5 ms prefill
     assert fitted((1, 64), (2.0, 8.3)) == pytest.approx((1.9, 0.1))
     assert fitted((1, 64), (5.0, 1.0)) == (5.0, 0.0)  # a falling slope is clamped at zero
     assert fitted((10, 20), (0.0, 10.0)) == (0.0, 1.0)  # so is a negative intercept
