@@ -349,7 +349,7 @@ def test_auto_calibrates_its_costs_and_follows_them(engines):
     assert_same(run.results, ref)
 
     for swaps, forced in (
-        (False, PreemptionCosts(1.0, 1.0, 0.0, 0.0)),  # a transfer costs a second, a prefill nothing
+        (False, PreemptionCosts(1.0, 1.0, 0.0, 0.0)),  # a transfer costs a second, prefills nothing
         (True, PreemptionCosts(0.0, 0.0, 0.0, 1.0)),  # a transfer is free, a token costs a second
     ):
         rebuild(llm, **small)
