@@ -295,7 +295,7 @@ class LLM:
                 if item is None:
                     exhausted = True
                     break
-                yield from self.tracker.add(item[0], item[1], params_of(item[0]), sched)
+                yield from self.add_request(item[0], item[1], params_of(item[0]))
             if not sched.has_unfinished():
                 if exhausted:
                     return
@@ -303,6 +303,17 @@ class LLM:
             if self._threads is not None:
                 self._threads.tick()
             yield from self.step()
+
+    def add_request(
+        self, index: int, prompt: PromptInput, params: Params | None = None
+    ) -> list[RequestOutput]:
+        """Queue one request for `step` (`index`: its place in the caller's input, as
+        `RequestOutput.index`); a bad or impossible one comes back at once as an error output.
+        A prompt dict's own `sampling_params` win over `params`."""
+        return self.tracker.add(index, prompt, params or SamplingParams(), self.scheduler)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
 
     def abort_all(self) -> int:
         """Drop every request in flight; returns how many there were."""
@@ -468,6 +479,21 @@ class LLM:
             "num_blocks": kv.num_blocks,
             "block_size": kv.block_size,
             "kv_usage": kv.usage,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Where the engine stands, as plain values (a progress line's figures, `stats`,
+        `memory`): what one replica of a scaled-out job reports."""
+        sched, kv = self.scheduler, self.scheduler.kv
+        return {
+            "running": len(sched.running),
+            "waiting": len(sched.waiting),
+            "swapped": sched.num_swapped,
+            "kv_usage": kv.usage,
+            "peak_kv_usage": kv.stats.peak_used_blocks / kv.num_blocks,
+            "stats": self.stats,
+            "memory": dict(self.memory),
+            "device": str(self.device),
         }
 
 

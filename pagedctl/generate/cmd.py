@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import importlib.util
 import json
 import logging
 import sys
@@ -115,6 +116,20 @@ def generate(
     max_line_bytes: int | None = typer.Option(
         None, min=1, help=with_default("Longest input line in bytes.", "4 MiB"), show_default=False
     ),
+    replicas: int | None = typer.Option(
+        None,
+        "--replicas",
+        min=1,
+        help="Run N engines on a Ray cluster, one GPU each (CPUs shared where there is no "
+        "GPU); needs pagedctl[ray].",
+        show_default=False,
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help=with_default("The Ray cluster for --replicas: auto or HOST:PORT.", "a local one"),
+        show_default=False,
+    ),
     engine: dict[str, Any] | None = None,
 ) -> None:
     """Run a JSONL batch job: one request per line, results appended as they finish.
@@ -147,8 +162,14 @@ def generate(
         "sampling_stop": list(stop) if stop else None,
         "sampling_ignore_eos": ignore_eos,
         "accept_any_model": accept_any_model,
+        "replicas": replicas,
+        "ray_address": ray_address,
     }
     settings = merge(doc, flags, engine or {}, base=recipe.parent if recipe else None)
+    if settings.ray_address is not None and settings.replicas is None:
+        _fail(EXIT_USAGE, "--ray-address needs --replicas N", log_format)
+    if settings.replicas is not None and importlib.util.find_spec("ray") is None:
+        _fail(EXIT_USAGE, "--replicas needs Ray: pip install 'pagedctl[ray]'", log_format)
     try:  # the sampling defaults every line inherits, checked before anything is written
         SamplingParams(**settings.sampling)
     except (TypeError, ValueError) as e:

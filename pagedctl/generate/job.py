@@ -214,18 +214,29 @@ class GenerateJob:
             else:
                 store.close()
         summary = self._summary(llm, store, time.perf_counter() - t0)
+        if self.s.replicas is not None:
+            llm.close()
         self._finish(summary, store)
         return summary
 
     def start_engine(self):
-        """Load the model and size the KV pool (once; `run` calls it if nobody did before)."""
+        """Load the model and size the KV pool (once; `run` calls it if nobody did before);
+        with `replicas`, start them instead (`ScaledOut`)."""
         if self.llm is not None:
             return self.llm
-        from pagedctl.engine import LLM
         from pagedctl.models.bundled import engine_settings
 
         try:
-            self.llm = LLM(**engine_settings(self.s.engine))
+            if self.s.replicas is not None:
+                from pagedctl.generate.replicas import ScaledOut
+
+                self.llm = ScaledOut(
+                    engine_settings(self.s.engine), self.s.replicas, self.s.ray_address
+                )
+            else:
+                from pagedctl.engine import LLM
+
+                self.llm = LLM(**engine_settings(self.s.engine))
         except ValueError as e:  # ModelNotFoundError, UnsupportedModelError, ConfigError
             raise JobExit(EXIT_USAGE, f"cannot start the engine: {e}") from None
         if self.llm.tokenizer is not None:
@@ -335,23 +346,28 @@ class GenerateJob:
         return frozenset(names)
 
     def _progress(self, llm, t0: float) -> None:
-        c, sched = self.counts, llm.scheduler
+        c = self.counts
         elapsed = max(time.perf_counter() - t0, 1e-9)
+        snaps = snapshots(llm)
         # Swapped-out sequences are neither running nor waiting: counted apart where a mode
         # can swap (under recompute the line stays as it was).
-        swapped = {"swapped": sched.num_swapped}
-        if llm.config.preemption_mode == "recompute":
+        swapped = {"swapped": sum(s["swapped"] for s in snaps)}
+        if self.s.engine.get("preemption_mode", "recompute") == "recompute":
             swapped = {}
+        scaled = {}
+        if self.s.replicas is not None:  # which replica did what
+            scaled = {"replicas": {r: d["requests"] for r, d in llm.done_by.items()}}
         self.report.update(
             c.ok + c.failed + c.skipped,
             ok=c.ok,
             failed=c.failed,
             out_tok_s=round(c.output_tokens / elapsed, 1),
-            running=len(sched.running),
-            waiting=len(sched.waiting),
+            running=sum(s["running"] for s in snaps),
+            waiting=sum(s["waiting"] for s in snaps),
             **swapped,
-            kv_usage=round(sched.kv.usage, 3),
-            preemptions=sched.stats.num_preemptions,
+            kv_usage=round(sum(s["kv_usage"] for s in snaps) / max(len(snaps), 1), 3),
+            preemptions=sum(s["stats"]["scheduler"]["num_preemptions"] for s in snaps),
+            **scaled,
         )
 
     # ------------------------------------------------------------------ signals
@@ -395,8 +411,12 @@ class GenerateJob:
     # ------------------------------------------------------------------ the end
 
     def _summary(self, llm, store: ResultStore, wall: float) -> dict[str, Any]:
-        c, stats = self.counts, llm.stats
-        kv = llm.scheduler.kv
+        c, snaps = self.counts, snapshots(llm)
+        stats = combined_stats(snaps)
+        memory = {"swap_space_bytes": sum(s["memory"].get("swap_space_bytes", 0) for s in snaps)}
+        scaled = {}
+        if self.s.replicas is not None:
+            scaled = {"replicas": replica_summary(llm, wall), "replica_deaths": llm.deaths()}
         return {
             "requests": c.ok + c.failed + c.skipped,
             "ok": c.ok,
@@ -415,9 +435,10 @@ class GenerateJob:
             "preemptions": stats["scheduler"]["num_preemptions"],
             "recomputed_tokens": stats["scheduler"]["num_recomputed_tokens"],
             "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
-            "peak_kv_usage": round(kv.stats.peak_used_blocks / kv.num_blocks, 4),
+            "peak_kv_usage": round(max((s["peak_kv_usage"] for s in snaps), default=0.0), 4),
             **beam_summary(stats["beam_search"]),
-            **swap_summary(stats["swap"], llm.memory),
+            **swap_summary(stats["swap"], memory),
+            **scaled,
             "output": str(self.out_path),
             "errors": str(self.err_path),
             "interrupted_by": signal.Signals(self.stop_signal).name if self.stop_signal else None,
@@ -432,6 +453,13 @@ class GenerateJob:
             )
         if self.counts.valid_lines == 0:
             raise JobExit(EXIT_DATAERR, f"no valid request in {self.s.input}; see {self.err_path}")
+        if self.counts.pending:  # only a scaled-out job can end with requests unreturned
+            raise JobExit(
+                EXIT_TEMPFAIL,
+                f"{len(self.counts.pending)} requests came back from no replica; the "
+                f"{summary['ok'] + summary['failed']} results are kept: rerun the same command "
+                "to run them",
+            )
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -440,6 +468,60 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def exit_code_for(summary: dict[str, Any]) -> int:
     """0 when no line of the job has an error record (this run or earlier ones), else 3."""
     return EXIT_PARTIAL if summary["errors_total"] else EXIT_OK
+
+
+def snapshots(llm) -> list[dict[str, Any]]:
+    """The engines' `LLM.snapshot()`s: the one engine's, or each replica's latest."""
+    if hasattr(llm, "snapshots"):
+        return llm.snapshots()
+    return [llm.snapshot()]
+
+
+def combined_stats(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """`LLM.stats` of several engines as one: counters summed, the hit rate over the sum, a
+    setting (the preemption mode, auto's costs) from the first."""
+    if len(snaps) == 1:
+        return snaps[0]["stats"]
+    out: dict[str, Any] = {}
+    for part, empty in _NO_STATS.items():
+        merged: dict[str, Any] = dict(empty) if not snaps else {}
+        for snap in snaps:
+            for key, value in snap["stats"][part].items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    merged[key] = merged.get(key, 0) + value
+                else:
+                    merged.setdefault(key, value)
+        out[part] = merged
+    cache = out["prefix_cache"]
+    queried = cache.get("queried_tokens", 0)
+    cache["hit_rate"] = cache.get("hit_tokens", 0) / queried if queried else 0.0
+    return out
+
+
+# What a scaled-out job whose replicas returned nothing reports.
+_NO_STATS: dict[str, dict[str, Any]] = {
+    "scheduler": {"num_preemptions": 0, "num_recomputed_tokens": 0},
+    "prefix_cache": {"queried_tokens": 0, "hit_tokens": 0},
+    "beam_search": {"num_groups": 0},
+    "swap": {"preemption_mode": "recompute", "swap_outs": 0},
+}
+
+
+def replica_summary(llm, wall: float) -> list[dict[str, Any]]:
+    """Per replica: the requests it returned, their output tokens and its rate over the run."""
+    return [
+        {
+            "replica": name,
+            "requests": done["requests"],
+            "output_tokens": done["output_tokens"],
+            "output_tok_per_s": round(done["output_tokens"] / wall, 2) if wall else 0.0,
+            "preemptions": llm.pool.snapshots.get(name, {})
+            .get("stats", {})
+            .get("scheduler", {})
+            .get("num_preemptions", 0),
+        }
+        for name, done in sorted(llm.done_by.items())
+    ]
 
 
 def beam_summary(beams: dict[str, int]) -> dict[str, Any]:

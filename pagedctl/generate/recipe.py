@@ -30,6 +30,8 @@ JOB_KEYS = (
     "fsync_every",
     "summary_json",
     "accept_any_model",
+    "replicas",
+    "ray_address",
 )
 
 
@@ -46,6 +48,8 @@ class JobSettings:
     fsync_every: int = 64
     summary_json: Path | None = None
     accept_any_model: bool = False
+    replicas: int | None = None  # engines on a Ray cluster; None: this process's own
+    ray_address: str | None = None  # the cluster to join; None: a local one (or RAY_ADDRESS)
 
 
 def load_recipe(path: Path) -> dict[str, Any]:
@@ -89,12 +93,16 @@ _JOB_TYPES = {
     "max_line_bytes": _positive_int,
     "fsync_every": _positive_int,
     "accept_any_model": lambda v: isinstance(v, bool),
+    "replicas": _positive_int,
+    "ray_address": lambda v: isinstance(v, str) and bool(v),
 }
 _JOB_WANTS = {
     **dict.fromkeys(("input", "output", "errors", "summary_json"), "a path"),
     "max_line_bytes": "an integer >= 1",
     "fsync_every": "an integer >= 1",
     "accept_any_model": "true or false",
+    "replicas": "an integer >= 1",
+    "ray_address": "auto or HOST:PORT",
 }
 
 
@@ -120,11 +128,13 @@ def merge(
         if job.get(key) is not None:
             p = Path(job[key])
             setattr(s, key, p if p.is_absolute() or base is None else base / p)
-    for key in ("max_line_bytes", "fsync_every"):
+    for key in ("max_line_bytes", "fsync_every", "replicas"):
         if job.get(key) is not None:
             setattr(s, key, int(job[key]))
     if job.get("accept_any_model") is not None:
         s.accept_any_model = job["accept_any_model"]
+    if job.get("ray_address") is not None:
+        s.ray_address = job["ray_address"]
     for key, value in flags.items():
         if value is None:
             continue

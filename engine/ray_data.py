@@ -1,0 +1,631 @@
+"""Many engines at once on Ray Data: requests in as a dataset, one engine per replica actor.
+
+`build_processor` maps a dataset of requests to a dataset of results, for pipelines that are
+already Ray Data's (the shape of `ray.data.llm.build_llm_processor`). `ReplicaPool` is what
+`pagedctl generate --replicas N` runs: the job's driver keeps its files, and the requests it reads
+flow through one dataset to N `EngineReplica` actors, their results streaming back as they finish.
+
+How a request travels (ReplicaPool):
+
+    driver: segments of requests -> _Feeder actor (a window of them, so memory stays flat)
+    _FeedSource read tasks pull segment p, p+P, ... -> map_batches(EngineReplica, concurrency=N)
+    EngineReplica: every batch into one EngineThread (several batches share the running batch);
+        a batch's results come back in one block when its last request ends
+    driver: iter_batches -> the job's records
+
+A replica that dies (killed, out of memory, a failure the engine does not contain) is restarted
+by Ray and its batches run again. `_Ledger` counts, per request, the deaths it was running at:
+a batch holding a request that was running at a death runs its requests one at a time, alone on
+the replica, so the next death is charged to the request that caused it; a request charged
+`max_crashes` deaths is returned as an error (`replica_died`) without running again.
+
+Ray is imported by this module: import it only when Ray is installed (`pagedctl[ray]`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import pickle
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import ray.data
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from .config import EngineConfig
+from .device import resolve_device, resolve_dtype
+from .model_source import resolve_model
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+MAX_CRASHES = 3  # deaths a request may be running at before it is given up
+
+
+def describe(settings: dict[str, Any]) -> dict[str, Any]:
+    """What a replica built from `settings` will be, without loading weights: its model's
+    name, dtype and device, and the longest sequence it is configured for (a replica's pool may
+    cut it further; such requests are refused there)."""
+    config = EngineConfig().replace(**settings)
+    device = resolve_device(config.device)
+    source = resolve_model(config.model, config.load_format)
+    config_len = int(getattr(source.hf_config, "max_position_embeddings", 0) or 4096)
+    return {
+        "model_name": config.served_model_name or source.name,
+        "source_name": source.name,
+        "dtype": str(resolve_dtype(config.dtype, device)).removeprefix("torch."),
+        "device": device.type,
+        "max_model_len": config.max_model_len or config_len,
+    }
+
+
+# ---------------------------------------------------------------------- actors of the pool
+
+
+@ray.remote(num_cpus=0)
+class _Ledger:
+    """Which requests were running on a replica, and at how many replica deaths."""
+
+    def __init__(self, max_crashes: int) -> None:
+        self.max_crashes = max_crashes
+        self.running: set[str] = set()
+        self.crashes: dict[str, int] = {}
+
+    def begin(self, ids: list[str]) -> tuple[bool, dict[str, int]]:
+        """A batch starts (again): charge a death to each request of it still marked running
+        (its last attempt died). Returns whether to run it one request at a time, and the
+        requests to give up with their deaths. A batch run whole is marked running whole."""
+        for rid in ids:
+            if rid in self.running:
+                self.running.discard(rid)
+                self.crashes[rid] = self.crashes.get(rid, 0) + 1
+        give_up = {r: self.crashes[r] for r in ids if self.crashes.get(r, 0) >= self.max_crashes}
+        alone = any(r in self.crashes for r in ids)
+        if not alone:
+            self.running.update(ids)
+        return alone, give_up
+
+    def start(self, rid: str) -> None:
+        self.running.add(rid)
+
+    def end(self, ids: list[str]) -> None:
+        self.running.difference_update(ids)
+
+    def deaths(self) -> int:
+        return sum(self.crashes.values())
+
+
+@ray.remote(num_cpus=0)
+class _Feeder:
+    """Segments of requests by index, put by the driver in order and read by `_FeedSource`."""
+
+    def __init__(self) -> None:
+        self.segments: dict[int, list[bytes]] = {}
+        self.top = -1  # the last segment put
+        self.end: int | None = None
+        self.cond = asyncio.Condition()
+
+    async def put(self, k: int, rows: list[bytes]) -> None:
+        async with self.cond:
+            self.segments[k] = rows
+            self.top = max(self.top, k)
+            self.cond.notify_all()
+
+    async def finish(self, end: int) -> None:
+        async with self.cond:
+            self.end = end
+            self.cond.notify_all()
+
+    async def drop(self, k: int) -> None:
+        self.segments.pop(k, None)
+
+    async def get(self, k: int) -> list[bytes] | None:
+        """Segment `k`, waiting for it; [] for one already done, None past the end."""
+        async with self.cond:
+            while True:
+                if k in self.segments:
+                    return self.segments[k]
+                if k <= self.top:
+                    return []
+                if self.end is not None and k >= self.end:
+                    return None
+                await self.cond.wait()
+
+
+class _FeedSource(Datasource):
+    """`num_readers` read tasks, reader p pulling segments p, p + P, ... from the feeder."""
+
+    def __init__(self, feeder, num_readers: int) -> None:
+        self.feeder = feeder
+        self.num_readers = num_readers
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None):
+        def reader(p: int):
+            def read() -> Iterator[Any]:
+                import pyarrow as pa
+
+                k = p
+                while True:
+                    rows = ray.get(self.feeder.get.remote(k))
+                    if rows is None:
+                        return
+                    if rows:
+                        yield pa.table({"request": pa.array(rows, type=pa.binary())})
+                    k += self.num_readers
+
+            return read
+
+        meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
+        return [ReadTask(reader(p), meta) for p in range(self.num_readers)]
+
+
+# ---------------------------------------------------------------------- the replica
+
+
+class _SharedOrAlone:
+    """Batches share the engine; a batch run alone waits for them to drain and holds it."""
+
+    def __init__(self) -> None:
+        self.cond = asyncio.Condition()
+        self.shared = 0
+        self.alone = False
+        self.waiting_alone = 0
+
+    async def share(self) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.alone and not self.waiting_alone)
+            self.shared += 1
+
+    async def unshare(self) -> None:
+        async with self.cond:
+            self.shared -= 1
+            self.cond.notify_all()
+
+    async def hold(self) -> None:
+        async with self.cond:
+            self.waiting_alone += 1
+            await self.cond.wait_for(lambda: not self.alone and not self.shared)
+            self.waiting_alone -= 1
+            self.alone = True
+
+    async def release(self) -> None:
+        async with self.cond:
+            self.alone = False
+            self.cond.notify_all()
+
+
+class EngineReplica:
+    """A `map_batches` class: one `LLM` per actor, each batch's requests run in it together with
+    the other batches in flight (`max_concurrency`); a batch comes back when its last request
+    ends. Columns in: `request` (a pickled prompt dict with `request_id` and `sampling_params`),
+    optionally `row` (passed through). Out: `output` (a pickled `RequestOutput`), `replica`,
+    `snapshot` (the engine's `LLM.snapshot()`, pickled, on the first row), and `row`."""
+
+    def __init__(self, settings: dict[str, Any], ledger=None, threads_per_replica: int = 0):
+        from .engine_thread import EngineThread
+        from .llm import LLM
+
+        if threads_per_replica and "num_threads" not in settings:
+            settings = {**settings, "num_threads": threads_per_replica}
+        self.llm = LLM(**settings)
+        self.engine = EngineThread(self.llm, on_fatal=_die)
+        self.ledger = ledger
+        self.replica = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
+        self._lock: _SharedOrAlone | None = None
+
+    async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._lock is None:
+            self._lock = _SharedOrAlone()
+        prompts = [pickle.loads(b) for b in batch["request"]]
+        ids = [p["request_id"] for p in prompts]
+        alone, give_up = False, {}
+        if self.ledger is not None:
+            alone, give_up = await self.ledger.begin.remote(ids)
+        outputs: list[RequestOutput] = []
+        if alone:
+            await self._lock.hold()
+            try:
+                for index, prompt in enumerate(prompts):
+                    rid = prompt["request_id"]
+                    if rid in give_up:
+                        outputs.append(_gave_up(rid, index, give_up[rid]))
+                        continue
+                    await self.ledger.start.remote(rid)
+                    outputs += await self._run([prompt])
+                    self.ledger.end.remote([rid])
+            finally:
+                await self._lock.release()
+        else:
+            await self._lock.share()
+            try:
+                outputs = await self._run(prompts)
+            finally:
+                await self._lock.unshare()
+            if self.ledger is not None:
+                self.ledger.end.remote(ids)
+        by_id = {o.request_id: o for o in outputs}
+        ordered = [by_id[r] for r in ids]
+        rows = batch.get("row")
+        return {
+            "output": np.array([pickle.dumps(o) for o in ordered], dtype=object),
+            "replica": np.array([self.replica] * len(ordered), dtype=object),
+            "snapshot": np.array(
+                [pickle.dumps(self.engine.snapshot)] + [b""] * (len(ordered) - 1), dtype=object
+            ),
+            **({"row": rows} if rows is not None else {}),
+        }
+
+    async def _run(self, prompts: list[dict]) -> list[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.engine.submit(prompts, lambda out: loop.call_soon_threadsafe(done.put_nowait, out))
+        return [await done.get() for _ in prompts]
+
+
+def _gave_up(request_id: str, index: int, deaths: int) -> RequestOutput:
+    return RequestOutput(
+        request_id,
+        index,
+        None,
+        [],
+        error=f"a replica died {deaths} times while running this request; it is not run again",
+        error_code="replica_died",
+    )
+
+
+def _die(exc: BaseException) -> None:
+    """A failure the engine did not contain: end the process, so Ray restarts the replica and
+    the ledger charges the death to the requests that were running."""
+    import traceback
+
+    traceback.print_exception(exc)
+    os._exit(70)
+
+
+# ---------------------------------------------------------------------- resources
+
+
+def replica_resources(replicas: int) -> dict[str, Any]:
+    """One GPU per replica where the cluster has GPUs; else an equal share of its CPUs, and as
+    many engine threads."""
+    total = ray.cluster_resources()
+    if total.get("GPU", 0) >= 1:
+        return {"num_gpus": 1, "num_cpus": 1, "threads": 0}
+    cpus = max(1, (int(total.get("CPU", 1)) - 1) // replicas)  # one left for the pipeline
+    return {"num_gpus": 0, "num_cpus": cpus, "threads": cpus}
+
+
+def _replica_stage(
+    ds,
+    settings: dict[str, Any],
+    replicas: int,
+    batch_size: int,
+    max_concurrent_batches: int,
+    ledger=None,
+):
+    res = replica_resources(replicas)
+    return ds.map_batches(
+        EngineReplica,
+        fn_constructor_kwargs={
+            "settings": settings,
+            "ledger": ledger,
+            "threads_per_replica": res["threads"],
+        },
+        batch_size=batch_size,
+        batch_format="numpy",
+        zero_copy_batch=True,
+        compute=ray.data.ActorPoolStrategy(
+            size=replicas,
+            max_tasks_in_flight_per_actor=max_concurrent_batches,
+            max_concurrent_calls_per_actor=max_concurrent_batches,
+        ),
+        num_gpus=res["num_gpus"] or None,
+        num_cpus=res["num_cpus"],
+    )
+
+
+# ---------------------------------------------------------------------- the job's pool
+
+
+class ReplicaPool:
+    """N engine replicas behind one dataset, fed from the driver's iterator (`stream`).
+
+    Args:
+        settings: the `EngineConfig` fields every replica is built from.
+        replicas: how many.
+        address: a Ray cluster to join ("auto", "HOST:PORT"); None starts a local one (or joins
+            `RAY_ADDRESS`).
+        batch_size: requests per batch of a replica (and per segment handed to the dataset);
+            `max_concurrent_batches` of them are in one replica's engine at a time.
+    """
+
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        replicas: int,
+        address: str | None = None,
+        *,
+        batch_size: int = 16,
+        max_concurrent_batches: int | None = None,
+        max_crashes: int = MAX_CRASHES,
+    ) -> None:
+        self.settings = settings
+        self.replicas = replicas
+        _quiet_ray_data()
+        if not ray.is_initialized():
+            # Ray's own lines on this process's stderr would break a JSON log: its start-up
+            # is silenced, its C++ log kept to fatal errors (the log files keep the rest).
+            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+            with _fds_silenced():
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+        self.segment = self.batch_size = batch_size
+        seqs = settings.get("max_num_seqs") or 256
+        self.max_concurrent_batches = max_concurrent_batches or max(2, math.ceil(seqs / batch_size))
+        self.window = replicas * self.max_concurrent_batches * batch_size * 2
+        self.resources = replica_resources(replicas)
+        probe = ray.remote(describe).options(
+            num_gpus=self.resources["num_gpus"] or None, num_cpus=1
+        )
+        self.facts = ray.get(probe.remote(settings))
+        self._ledger = _Ledger.remote(max_crashes)
+        self.snapshots: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
+        self.done_by: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
+        self.last_replica: str | None = None  # the replica of the output just yielded
+
+    @property
+    def max_model_len(self) -> int:
+        return self.facts["max_model_len"]
+
+    def deaths(self) -> int:
+        """Replica deaths charged to requests so far."""
+        return ray.get(self._ledger.deaths.remote())
+
+    def stream(
+        self, prompts: Iterable[dict], should_stop: Callable[[], bool] | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yield each request's output as its batch comes back (completion order), each request
+        once. The input is read as the window has room. `should_stop` is asked between
+        results; once it answers True the pool is shut down, what is in flight unreturned."""
+        feeder = _Feeder.remote()
+        readers = min(4, self.replicas + 1)
+        ds = ray.data.read_datasource(
+            _FeedSource(feeder, readers), override_num_blocks=readers, num_cpus=0
+        )
+        ds = _replica_stage(
+            ds,
+            self.settings,
+            self.replicas,
+            self.batch_size,
+            self.max_concurrent_batches,
+            self._ledger,
+        )
+        results: queue.Queue = queue.Queue(maxsize=64)
+        thread = threading.Thread(target=_drain, args=(ds, results), daemon=True)
+        thread.start()
+        feed = iter(prompts)
+        segment_of: dict[str, int] = {}
+        left: dict[int, int] = {}  # segment -> requests without a result yet
+        current: list[bytes] = []
+        k = 0
+        exhausted = finished = False
+        try:
+            while True:
+                if should_stop is not None and should_stop():
+                    return
+                while not exhausted and len(segment_of) < self.window:
+                    prompt = next(feed, None)
+                    if prompt is None:
+                        exhausted = True
+                        break
+                    rid = prompt["request_id"]
+                    if rid in segment_of:  # the driver's own ids are unique; refuse, not hang
+                        yield _duplicate(rid)
+                        continue
+                    segment_of[rid] = k
+                    current.append(pickle.dumps(prompt))
+                    if len(current) >= self.segment:
+                        break
+                if current and (
+                    len(current) >= self.segment or exhausted or len(segment_of) >= self.window
+                ):
+                    left[k] = len(current)
+                    feeder.put.remote(k, current)
+                    current, k = [], k + 1
+                if exhausted and not finished:
+                    feeder.finish.remote(k)
+                    finished = True
+                if finished and not segment_of:
+                    return
+                try:
+                    item = results.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:  # the dataset ended with requests unreturned: the job says so
+                    return
+                for out, replica, snap in item:
+                    seg = segment_of.pop(out.request_id, None)
+                    if seg is None:
+                        continue  # a batch run again after its replica died: already had
+                    if snap is not None:
+                        self.snapshots[replica] = snap
+                    mine = self.done_by.setdefault(replica, {"requests": 0, "output_tokens": 0})
+                    mine["requests"] += 1
+                    mine["output_tokens"] += sum(len(o.token_ids) for o in out.outputs)
+                    left[seg] -= 1
+                    if not left[seg]:
+                        del left[seg]
+                        feeder.drop.remote(seg)
+                    self.last_replica = replica
+                    yield out
+        finally:
+            self.in_flight = len(segment_of)
+
+    def abort_all(self) -> int:
+        return 0  # nothing runs here; `close` ends the replicas
+
+    def close(self) -> None:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _fds_silenced() -> Iterator[None]:
+    """stdout and stderr to /dev/null at the descriptor level (Ray's C++ writes there)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+def _quiet_ray_data() -> None:
+    """Ray Data's warnings go through this process's logging (JSON lines in a JSON log), its
+    progress and information lines nowhere: the job reports its own."""
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    log = logging.getLogger("ray.data")
+    log.handlers = [h for h in log.handlers if isinstance(h, logging.FileHandler)]
+    log.setLevel(logging.WARNING)
+    log.propagate = True
+
+
+def _drain(ds, results: queue.Queue) -> None:
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=2):
+            snaps = [pickle.loads(s) if s else None for s in batch["snapshot"]]
+            outs = [pickle.loads(b) for b in batch["output"]]
+            results.put(list(zip(outs, batch["replica"], snaps, strict=True)))
+        results.put(None)
+    except BaseException as exc:  # handed to the driver, which raises it
+        results.put(exc)
+
+
+def _duplicate(rid: str) -> RequestOutput:
+    msg = f"request id {rid!r} is already in flight"
+    return RequestOutput(rid, 0, None, [], error=msg, error_code="duplicate_id")
+
+
+# ---------------------------------------------------------------------- the library entry
+
+
+def build_processor(
+    config: EngineConfig | dict[str, Any],
+    sampling: SamplingParams | dict[str, Any] | None = None,
+    *,
+    replicas: int = 1,
+    batch_size: int = 16,
+    max_concurrent_batches: int = 8,
+    preprocess: Callable[[dict], dict] | None = None,
+    postprocess: Callable[[dict], dict] | None = None,
+) -> Callable[[Any], Any]:
+    """A function from a dataset of requests to a dataset of results, run on `replicas`
+    engines (one GPU each where the cluster has GPUs).
+
+    A row gives `prompt` (text), `messages` (a chat) or `prompt_token_ids`, and optionally
+    `sampling_params` (a dict of `SamplingParams` fields; `sampling` for rows without one).
+    `preprocess` maps a row of yours to that shape first. Each result row is the input row
+    with `generated_text`, `generated_token_ids`, `num_prompt_tokens`, `finish_reason`,
+    `error` and `error_code` added (`error` is None unless the engine refused the request),
+    then `postprocess` maps it. Rows come back in completion order, not input order.
+
+        processor = build_processor({"model": "qwen2.5-0.5b-instruct"}, {"max_tokens": 64},
+                                    replicas=2)
+        results = processor(ray.data.from_items([{"prompt": "Hello"}]))
+    """
+    settings = asdict(config) if is_dataclass(config) else dict(config)
+    settings = {k: v for k, v in settings.items() if v is not None}
+    default = sampling
+    if not isinstance(default, SamplingParams):
+        default = SamplingParams(**(sampling or {}))
+
+    def to_requests(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = _rows(batch)
+        requests = [_request(preprocess(r) if preprocess else r, default) for r in rows]
+        return {
+            "request": np.array([pickle.dumps(q) for q in requests], dtype=object),
+            "row": np.array([pickle.dumps(r) for r in rows], dtype=object),
+        }
+
+    def to_results(batch: dict[str, np.ndarray]) -> Any:
+        out = []
+        for raw_out, raw_row in zip(batch["output"], batch["row"], strict=True):
+            row = {**pickle.loads(raw_row), **_result(pickle.loads(raw_out))}
+            out.append(postprocess(row) if postprocess else row)
+        import pandas as pd
+
+        return pd.DataFrame(out)
+
+    def processor(ds):
+        ds = ds.map_batches(to_requests, batch_format="numpy")
+        ds = _replica_stage(ds, settings, replicas, batch_size, max_concurrent_batches)
+        return ds.map_batches(to_results, batch_format="numpy")
+
+    return processor
+
+
+def _rows(batch: dict[str, np.ndarray]) -> list[dict]:
+    names = list(batch)
+    n = len(batch[names[0]]) if names else 0
+    return [{k: _plain(batch[k][i]) for k in names} for i in range(n)]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _request(row: dict, default: SamplingParams) -> dict:
+    params = row.get("sampling_params")
+    request: dict[str, Any] = {
+        "request_id": uuid.uuid4().hex,
+        "sampling_params": SamplingParams(**params) if params else default,
+    }
+    for key in ("messages", "prompt", "prompt_token_ids"):
+        if row.get(key) is not None:
+            request[key] = row[key]
+            break
+    else:
+        raise ValueError("a row needs prompt, messages or prompt_token_ids")
+    return request
+
+
+def _result(out: RequestOutput) -> dict[str, Any]:
+    first = out.outputs[0] if out.outputs else None
+    return {
+        "generated_text": first.text if first else None,
+        "generated_token_ids": list(first.token_ids) if first else None,
+        "num_prompt_tokens": len(out.prompt_token_ids),
+        "finish_reason": first.finish_reason if first else "error",
+        "error": out.error,
+        "error_code": out.error_code,
+    }
