@@ -8,13 +8,14 @@ flow through one dataset to N `EngineReplica` actors, their results streaming ba
 How a request travels (ReplicaPool):
 
     driver: segments of requests -> _Feeder actor (a window of them, so memory stays flat)
-    _FeedSource read tasks pull segment p, p+P, ... -> map_batches(EngineReplica, concurrency=N)
+    range(segments) -> map_batches(_pull): segment k from the feeder, in batches
+        -> map_batches(EngineReplica, concurrency=N)
     EngineReplica: every batch into one EngineThread (several batches share the running batch);
         a batch's results come back in one block when its last request ends
     driver: iter_batches -> the job's records
 
 A replica that dies (killed, out of memory, a failure the engine does not contain) is restarted
-by Ray and its batches run again. `_Ledger` counts, per request, the deaths it was running at:
+by Ray and its batches run again. `Ledger` counts, per request, the deaths it was running at:
 a batch holding a request that was running at a death runs its requests one at a time, alone on
 the replica, so the next death is charged to the request that caused it; a request charged
 `max_crashes` deaths is returned as an error (`replica_died`) without running again.
@@ -41,8 +42,6 @@ from typing import Any
 import numpy as np
 import ray
 import ray.data
-from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasource, ReadTask
 
 from .config import EngineConfig
 from .device import resolve_device, resolve_dtype
@@ -51,6 +50,8 @@ from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 MAX_CRASHES = 3  # deaths a request may be running at before it is given up
+SEGMENT = 256  # requests the driver hands over at a time
+REPLICA_START_S = 1800  # the longest a pool waits for its replicas to load
 
 
 def describe(settings: dict[str, Any]) -> dict[str, Any]:
@@ -73,9 +74,9 @@ def describe(settings: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- actors of the pool
 
 
-@ray.remote(num_cpus=0)
-class _Ledger:
-    """Which requests were running on a replica, and at how many replica deaths."""
+class Ledger:
+    """Which requests were running on a replica, and at how many replica deaths (one actor of
+    it serves a pool: `_LedgerActor`)."""
 
     def __init__(self, max_crashes: int) -> None:
         self.max_crashes = max_crashes
@@ -106,9 +107,12 @@ class _Ledger:
         return sum(self.crashes.values())
 
 
+_LedgerActor = ray.remote(num_cpus=0)(Ledger)
+
+
 @ray.remote(num_cpus=0)
 class _Feeder:
-    """Segments of requests by index, put by the driver in order and read by `_FeedSource`."""
+    """Segments of requests by index, put by the driver in order and read by `_pull`."""
 
     def __init__(self) -> None:
         self.segments: dict[int, list[bytes]] = {}
@@ -143,34 +147,13 @@ class _Feeder:
                 await self.cond.wait()
 
 
-class _FeedSource(Datasource):
-    """`num_readers` read tasks, reader p pulling segments p, p + P, ... from the feeder."""
-
-    def __init__(self, feeder, num_readers: int) -> None:
-        self.feeder = feeder
-        self.num_readers = num_readers
-
-    def estimate_inmemory_data_size(self) -> int | None:
-        return None
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None):
-        def reader(p: int):
-            def read() -> Iterator[Any]:
-                import pyarrow as pa
-
-                k = p
-                while True:
-                    rows = ray.get(self.feeder.get.remote(k))
-                    if rows is None:
-                        return
-                    if rows:
-                        yield pa.table({"request": pa.array(rows, type=pa.binary())})
-                    k += self.num_readers
-
-            return read
-
-        meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
-        return [ReadTask(reader(p), meta) for p in range(self.num_readers)]
+def _pull(batch: dict[str, np.ndarray], feeder, batch_size: int) -> Iterator[dict]:
+    """The segments of a block of indices, from the feeder, in blocks of `batch_size` rows
+    (one replica batch each, so that the batches of one segment spread over the replicas)."""
+    for k in batch["id"]:
+        rows = ray.get(feeder.get.remote(int(k))) or []
+        for i in range(0, len(rows), batch_size):
+            yield {"request": np.array(rows[i : i + batch_size], dtype=object)}
 
 
 # ---------------------------------------------------------------------- the replica
@@ -318,6 +301,9 @@ def _replica_stage(
     ledger=None,
 ):
     res = replica_resources(replicas)
+    # One batch a block (streaming): a replica takes blocks, so a large block would all go to
+    # one replica.
+    ds = ds.repartition(target_num_rows_per_block=batch_size)
     return ds.map_batches(
         EngineReplica,
         fn_constructor_kwargs={
@@ -349,8 +335,8 @@ class ReplicaPool:
         replicas: how many.
         address: a Ray cluster to join ("auto", "HOST:PORT"); None starts a local one (or joins
             `RAY_ADDRESS`).
-        batch_size: requests per batch of a replica (and per segment handed to the dataset);
-            `max_concurrent_batches` of them are in one replica's engine at a time.
+        batch_size: requests per batch of a replica; `max_concurrent_batches` of them are in
+            one replica's engine at a time.
     """
 
     def __init__(
@@ -377,16 +363,20 @@ class ReplicaPool:
                     log_to_driver=False,
                     configure_logging=False,
                 )
-        self.segment = self.batch_size = batch_size
+        self.batch_size = batch_size
+        self.segment = SEGMENT
         seqs = settings.get("max_num_seqs") or 256
         self.max_concurrent_batches = max_concurrent_batches or max(2, math.ceil(seqs / batch_size))
-        self.window = replicas * self.max_concurrent_batches * batch_size * 2
+        self.window = max(2 * SEGMENT, replicas * self.max_concurrent_batches * batch_size * 2)
         self.resources = replica_resources(replicas)
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if self.resources["num_gpus"] and gpus < replicas:
+            raise ValueError(f"{replicas} replicas need {replicas} GPUs; the cluster has {gpus}")
         probe = ray.remote(describe).options(
             num_gpus=self.resources["num_gpus"] or None, num_cpus=1
         )
         self.facts = ray.get(probe.remote(settings))
-        self._ledger = _Ledger.remote(max_crashes)
+        self._ledger = _LedgerActor.remote(max_crashes)
         self.snapshots: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
         self.done_by: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
         self.last_replica: str | None = None  # the replica of the output just yielded
@@ -400,15 +390,26 @@ class ReplicaPool:
         return ray.get(self._ledger.deaths.remote())
 
     def stream(
-        self, prompts: Iterable[dict], should_stop: Callable[[], bool] | None = None
+        self,
+        prompts: Iterable[dict],
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        max_requests: int,
     ) -> Iterator[RequestOutput]:
         """Yield each request's output as its batch comes back (completion order), each request
-        once. The input is read as the window has room. `should_stop` is asked between
-        results; once it answers True the pool is shut down, what is in flight unreturned."""
+        once. The input (at most `max_requests` prompts) is read as the window has room.
+        `should_stop` is asked between results; once it answers True the stream ends, what is
+        in flight unreturned (`close` ends the replicas)."""
         feeder = _Feeder.remote()
-        readers = min(4, self.replicas + 1)
-        ds = ray.data.read_datasource(
-            _FeedSource(feeder, readers), override_num_blocks=readers, num_cpus=0
+        num_segments = -(-max(max_requests, 1) // self.segment) + 1
+        ds = ray.data.range(num_segments, override_num_blocks=num_segments)
+        ds = ds.map_batches(
+            _pull,
+            fn_kwargs={"feeder": feeder, "batch_size": self.batch_size},
+            batch_size=1,
+            batch_format="numpy",
+            compute=ray.data.TaskPoolStrategy(size=2),
+            num_cpus=0,
         )
         ds = _replica_stage(
             ds,
@@ -508,8 +509,11 @@ def _fds_silenced() -> Iterator[None]:
 
 def _quiet_ray_data() -> None:
     """Ray Data's warnings go through this process's logging (JSON lines in a JSON log), its
-    progress and information lines nowhere: the job reports its own."""
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    progress and information lines nowhere: the job reports its own. A pool starts work once
+    all its replicas are up (they load at once), so that none sits idle from the start."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.wait_for_min_actors_s = REPLICA_START_S
     log = logging.getLogger("ray.data")
     log.handlers = [h for h in log.handlers if isinstance(h, logging.FileHandler)]
     log.setLevel(logging.WARNING)
@@ -583,6 +587,7 @@ def build_processor(
         return pd.DataFrame(out)
 
     def processor(ds):
+        _quiet_ray_data()
         ds = ds.map_batches(to_requests, batch_format="numpy")
         ds = _replica_stage(ds, settings, replicas, batch_size, max_concurrent_batches)
         return ds.map_batches(to_results, batch_format="numpy")

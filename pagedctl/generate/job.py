@@ -197,7 +197,8 @@ class GenerateJob:
         t0 = time.perf_counter()
         failed = True
         try:
-            for out in llm.stream(self._feed(store, limits), should_stop=self._stopping):
+            scaled = {"max_requests": total} if self.s.replicas is not None else {}
+            for out in llm.stream(self._feed(store, limits), should_stop=self._stopping, **scaled):
                 self._record(store, out)
                 self._progress(llm, t0)
             self._write_held(store)  # fewer than ENGINE_BROKEN_AFTER: failures of their own

@@ -11,6 +11,8 @@ from typing import Any
 
 from pagedctl.engine.model_source import resolve_model
 from pagedctl.engine.weights import load_tokenizer
+from pagedctl.exits import EXIT_TEMPFAIL
+from pagedctl.generate.errors import JobExit
 
 
 class ScaledOut:
@@ -19,7 +21,16 @@ class ScaledOut:
 
         self.source = resolve_model(settings["model"], settings.get("load_format", "auto"))
         self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
-        self.pool = ReplicaPool(settings, replicas, address)
+        try:
+            self.pool = ReplicaPool(settings, replicas, address)
+        except (ConnectionError, *ray_errors()) as e:
+            where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+            raise JobExit(
+                EXIT_TEMPFAIL,
+                f"cannot start the replicas on {where}: {str(e).splitlines()[0]}; nothing was "
+                "written: rerun once the cluster is up (a cluster with token authentication "
+                "needs RAY_AUTH_MODE=token and its token here)",
+            ) from None
         facts = self.pool.facts
         self.model_name: str = facts["model_name"]
         self.dtype: str = facts["dtype"]
@@ -30,8 +41,8 @@ class ScaledOut:
     def done_by(self) -> dict[str, dict[str, int]]:
         return self.pool.done_by
 
-    def stream(self, prompts, should_stop=None):
-        return self.pool.stream(prompts, should_stop)
+    def stream(self, prompts, should_stop=None, *, max_requests: int):
+        return self.pool.stream(prompts, should_stop, max_requests=max_requests)
 
     def snapshots(self) -> list[dict[str, Any]]:
         return list(self.pool.snapshots.values())
@@ -44,3 +55,10 @@ class ScaledOut:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def ray_errors() -> tuple[type[BaseException], ...]:
+    """What Ray raises for a cluster it cannot join or run on."""
+    import ray.exceptions
+
+    return (ray.exceptions.RayError, RuntimeError)

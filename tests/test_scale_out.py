@@ -1,0 +1,229 @@
+"""`pagedctl generate --replicas N` on a real local Ray cluster, and `build_processor`.
+
+The test process starts the cluster (`ray.init(num_cpus=4)`: two replicas of one logical CPU and
+room for the pipeline on two cores) and each job joins it with `--ray-address`, so a job killed
+with SIGKILL takes only its own actors with it. The model is the dummy-weight tiny-llama preset
+in float32, whose greedy answers do not depend on what ran beside them, so a scaled-out job's
+records must equal a one-process job's token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pagedctl.exits import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
+from tests.job_utils import by_id, read_jsonl, write_jsonl
+
+# A local cluster with token authentication, as Ray starts one by default; the jobs
+# (subprocesses) join it with the token from the environment. Set before Ray is imported: Ray
+# reads its authentication mode once.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+ray = pytest.importorskip("ray")
+
+from pagedctl.engine.ray_data import Ledger, build_processor  # noqa: E402
+
+MODEL = ["--model", "tiny-llama", "--temperature", "0", "--ignore-eos", "--max-num-seqs", "32"]
+N = 160
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "pagedctl", "generate", *map(str, args)]
+
+
+def gen(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd(*args), capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def lines(n: int = N, max_tokens: int = 96) -> list[dict]:
+    return [
+        {
+            "custom_id": f"r{i:03d}",
+            "prompt_token_ids": [1, 7 + i % 50, 30 + i % 90, 2 + i % 13],
+            "max_tokens": max_tokens,
+            "logprobs": True,  # the model has no tokenizer: its tokens show as ids there
+        }
+        for i in range(n)
+    ]
+
+
+def tokens(path: Path) -> dict[str, list]:
+    """custom_id -> the answer's tokens ("token_id:<id>"), each id once."""
+    out = {}
+    for cid, r in by_id(read_jsonl(path)).items():
+        answer = r["response"]["body"]["choices"][0]["logprobs"]["tokens"]
+        assert len(answer) == r["response"]["body"]["usage"]["completion_tokens"] > 0
+        out[cid] = answer
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ctx = ray.init("local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, list]:
+    """The same lines as a one-process job."""
+    d = tmp_path_factory.mktemp("one")
+    src = write_jsonl(d / "in.jsonl", lines())
+    r = gen(src, *MODEL, "-q")
+    assert r.returncode == EXIT_OK, r.stderr
+    return tokens(d / "in.out.jsonl")
+
+
+def test_two_replicas_answer_as_one_process_and_keep_per_line_errors(cluster, reference, tmp_path):
+    bad = ["{not json", {"custom_id": "huge-id", "prompt_token_ids": [1, 10**9], "max_tokens": 4}]
+    src = write_jsonl(tmp_path / "in.jsonl", [*lines()[:80], *bad, *lines()[80:]])
+    summary = tmp_path / "summary.json"
+    r = gen(src, *MODEL, "--replicas", "2", "--ray-address", cluster, "--log-format", "json",
+            "--summary-json", summary)  # fmt: skip
+    assert r.returncode == EXIT_PARTIAL, r.stderr
+    for line in r.stderr.splitlines():  # a JSON log stays JSON with Ray in the process
+        json.loads(line)
+    assert tokens(tmp_path / "in.out.jsonl") == reference
+    errors = {e["custom_id"]: e for e in read_jsonl(tmp_path / "in.errors.jsonl")}
+    assert set(errors) == {None, "huge-id"}, errors
+    assert errors["huge-id"]["error"]["code"] == "token_out_of_vocab"
+    s = json.loads(summary.read_text())
+    assert (s["ok"], s["failed"], s["in_flight_abandoned"]) == (N, 2, 0)
+    assert sum(p["requests"] for p in s["replicas"]) == N + 1  # the refused one came back too
+    assert len(s["replicas"]) == 2, s["replicas"]  # both replicas took batches
+    assert s["output_tokens"] == sum(p["output_tokens"] for p in s["replicas"])
+
+    again = gen(src, *MODEL, "--replicas", "2", "--ray-address", cluster, "-q")  # all done
+    assert again.returncode == EXIT_PARTIAL, again.stderr
+    assert tokens(tmp_path / "in.out.jsonl") == reference
+
+
+def _wait_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        count = path.read_bytes().count(b"\n") if path.exists() else 0
+        if count >= n or proc.poll() is not None:
+            return count
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} did not reach {n} lines")
+
+
+def test_driver_killed_mid_job_resumes_exactly_once(cluster, reference, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", lines())
+    out = tmp_path / "in.out.jsonl"
+    args = [src, *MODEL, "--replicas", "2", "--ray-address", cluster, "-q"]
+    proc = subprocess.Popen(cmd(*args), stderr=subprocess.PIPE, text=True, env=_env())
+    seen = _wait_lines(out, 16, proc)
+    proc.kill()
+    proc.wait()
+    assert 16 <= seen < N, f"the kill came after {seen} of {N} lines"
+    r = gen(*args)
+    assert r.returncode == EXIT_OK, r.stderr
+    assert tokens(out) == reference  # every custom_id once, the same answers
+
+
+def _replica_pids() -> list[int]:
+    """The processes of the replica actors (Ray names them after the class)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"EngineReplica" in args and b"ray::" in args:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _busiest(pids: list[int]) -> int:
+    def cpu(pid: int) -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    before = {p: cpu(p) for p in pids}
+    time.sleep(0.3)
+    return max(pids, key=lambda p: cpu(p) - before[p])
+
+
+def test_a_replica_killed_mid_job_is_restarted_and_nothing_is_lost(cluster, reference, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", lines())
+    out, summary = tmp_path / "in.out.jsonl", tmp_path / "summary.json"
+    args = [src, *MODEL, "--replicas", "2", "--ray-address", cluster, "-q",
+            "--summary-json", summary]  # fmt: skip
+    proc = subprocess.Popen(cmd(*args), stderr=subprocess.PIPE, text=True, env=_env())
+    seen = _wait_lines(out, 16, proc)
+    pids = _replica_pids()
+    assert len(pids) == 2 and seen < N, (pids, seen)
+    os.kill(_busiest(pids), signal.SIGKILL)  # one that is running a batch
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_OK, err
+    assert tokens(out) == reference
+    s = json.loads(summary.read_text())
+    assert s["ok"] == N and s["replica_deaths"] >= 1, s
+
+
+def test_bad_scale_out_flags_are_refused_before_anything_runs(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", lines(2))
+    for args, says in (
+        (["--replicas", "0"], "--replicas"),
+        (["--ray-address", "auto"], "--ray-address needs --replicas"),
+    ):
+        r = gen(src, "--model", "no-such-model-is-ever-loaded", *args)
+        assert r.returncode == EXIT_USAGE and says in r.stderr, r.stderr
+        assert not (tmp_path / "in.out.jsonl").exists()
+
+
+def test_ledger_charges_a_death_to_what_ran_and_gives_up_after_three():
+    """A batch that died runs alone; deaths while alone fall on the request that was running."""
+    ledger = Ledger(max_crashes=3)
+    batch = ["a", "b", "poison"]
+    assert ledger.begin(batch) == (False, {})  # first run: whole, all three running
+    # The replica dies. The batch runs again, alone: each request marked as it starts.
+    alone, give_up = ledger.begin(batch)
+    assert alone and give_up == {}
+    ledger.start("a")
+    ledger.end(["a"])
+    ledger.start("poison")  # dies here, twice
+    assert ledger.begin(batch) == (True, {})
+    ledger.start("poison")
+    alone, give_up = ledger.begin(batch)
+    assert alone and give_up == {"poison": 3}  # b and a were charged once, at the first death
+    assert ledger.crashes == {"a": 1, "b": 1, "poison": 3} and ledger.deaths() == 5
+    assert ledger.begin(["c", "d"]) == (False, {})  # other batches run whole
+
+
+def test_build_processor_maps_a_dataset_of_prompts(cluster):
+    from pagedctl import LLM, SamplingParams
+
+    prompts = [[1, 5 + i, 9, 40 + i] for i in range(12)]
+    processor = build_processor(
+        {"model": "tiny-llama", "max_num_seqs": 8},
+        {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True},
+        replicas=2,
+        batch_size=4,
+    )
+    rows = [{"prompt_token_ids": p, "key": i} for i, p in enumerate(prompts)]
+    rows.append({"prompt_token_ids": [1, 10**9], "key": 99})
+    got = {r["key"]: r for r in processor(ray.data.from_items(rows)).take_all()}
+    llm = LLM("tiny-llama", max_num_seqs=8)
+    want = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+    )
+    for i, w in enumerate(want):
+        assert list(got[i]["generated_token_ids"]) == w.outputs[0].token_ids
+        assert got[i]["error"] is None and got[i]["finish_reason"] == "length"
+    assert got[99]["error_code"] == "token_out_of_vocab"
