@@ -28,12 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import pickle
 import queue
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, is_dataclass
@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import ray
 import ray.data
+from ray.data._internal.datasource.range_datasource import RangeDatasource
 
 from .config import EngineConfig
 from .device import resolve_device, resolve_dtype
@@ -147,13 +148,10 @@ class _Feeder:
                 await self.cond.wait()
 
 
-def _pull(batch: dict[str, np.ndarray], feeder, batch_size: int) -> Iterator[dict]:
-    """The segments of a block of indices, from the feeder, in blocks of `batch_size` rows
-    (one replica batch each, so that the batches of one segment spread over the replicas)."""
-    for k in batch["id"]:
-        rows = ray.get(feeder.get.remote(int(k))) or []
-        for i in range(0, len(rows), batch_size):
-            yield {"request": np.array(rows[i : i + batch_size], dtype=object)}
+def _pull(batch: dict[str, np.ndarray], feeder) -> dict[str, np.ndarray]:
+    """The segments numbered in `batch`, from the feeder."""
+    rows = [r for k in batch["id"] for r in ray.get(feeder.get.remote(int(k))) or []]
+    return {"request": np.array(rows, dtype=object)}
 
 
 # ---------------------------------------------------------------------- the replica
@@ -209,6 +207,7 @@ class EngineReplica:
         self.ledger = ledger
         self.replica = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
         self._lock: _SharedOrAlone | None = None
+        self.ready_at = time.time()  # the model loaded and the pool sized
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._lock is None:
@@ -247,7 +246,9 @@ class EngineReplica:
             "output": np.array([pickle.dumps(o) for o in ordered], dtype=object),
             "replica": np.array([self.replica] * len(ordered), dtype=object),
             "snapshot": np.array(
-                [pickle.dumps(self.engine.snapshot)] + [b""] * (len(ordered) - 1), dtype=object
+                [pickle.dumps({**self.engine.snapshot, "ready_at": self.ready_at})]
+                + [b""] * (len(ordered) - 1),
+                dtype=object,
             ),
             **({"row": rows} if rows is not None else {}),
         }
@@ -301,9 +302,6 @@ def _replica_stage(
     ledger=None,
 ):
     res = replica_resources(replicas)
-    # One batch a block (streaming): a replica takes blocks, so a large block would all go to
-    # one replica.
-    ds = ds.repartition(target_num_rows_per_block=batch_size)
     return ds.map_batches(
         EngineReplica,
         fn_constructor_kwargs={
@@ -335,8 +333,9 @@ class ReplicaPool:
         replicas: how many.
         address: a Ray cluster to join ("auto", "HOST:PORT"); None starts a local one (or joins
             `RAY_ADDRESS`).
-        batch_size: requests per batch of a replica; `max_concurrent_batches` of them are in
-            one replica's engine at a time.
+        max_concurrent_batches: batches in one replica's engine at a time (default: enough to
+            fill `max_num_seqs`). A batch is a segment of the input: at most `SEGMENT`
+            requests, fewer for a short job, so that each replica gets several.
     """
 
     def __init__(
@@ -345,7 +344,6 @@ class ReplicaPool:
         replicas: int,
         address: str | None = None,
         *,
-        batch_size: int = 16,
         max_concurrent_batches: int | None = None,
         max_crashes: int = MAX_CRASHES,
     ) -> None:
@@ -363,15 +361,17 @@ class ReplicaPool:
                     log_to_driver=False,
                     configure_logging=False,
                 )
-        self.batch_size = batch_size
-        self.segment = SEGMENT
-        seqs = settings.get("max_num_seqs") or 256
-        self.max_concurrent_batches = max_concurrent_batches or max(2, math.ceil(seqs / batch_size))
-        self.window = max(2 * SEGMENT, replicas * self.max_concurrent_batches * batch_size * 2)
+        self.max_num_seqs = settings.get("max_num_seqs") or 256
+        self.max_concurrent_batches = max_concurrent_batches
         self.resources = replica_resources(replicas)
-        gpus = int(ray.cluster_resources().get("GPU", 0))
+        total = ray.cluster_resources()
+        gpus, cpus = int(total.get("GPU", 0)), int(total.get("CPU", 0))
         if self.resources["num_gpus"] and gpus < replicas:
             raise ValueError(f"{replicas} replicas need {replicas} GPUs; the cluster has {gpus}")
+        if not self.resources["num_gpus"] and cpus < replicas * self.resources["num_cpus"]:
+            raise ValueError(
+                f"{replicas} replicas need a CPU each and the cluster has {cpus}: use fewer"
+            )
         probe = ray.remote(describe).options(
             num_gpus=self.resources["num_gpus"] or None, num_cpus=1
         )
@@ -401,24 +401,26 @@ class ReplicaPool:
         `should_stop` is asked between results; once it answers True the stream ends, what is
         in flight unreturned (`close` ends the replicas)."""
         feeder = _Feeder.remote()
-        num_segments = -(-max(max_requests, 1) // self.segment) + 1
-        ds = ray.data.range(num_segments, override_num_blocks=num_segments)
+        # A replica takes a block at a time, so a segment is one block and one batch: small
+        # enough that every replica gets several, at most SEGMENT.
+        segment = min(SEGMENT, max(1, -(-max_requests // (4 * self.replicas))))
+        batches = self.max_concurrent_batches or max(2, -(-self.max_num_seqs // segment))
+        window = max(2 * segment, self.replicas * batches * segment * 2)
+        num_segments = -(-max(max_requests, 1) // segment) + 1
+        ds = ray.data.read_datasource(
+            RangeDatasource(num_segments, column_name="id"),
+            override_num_blocks=num_segments,
+            num_cpus=0,
+        )
         ds = ds.map_batches(
             _pull,
-            fn_kwargs={"feeder": feeder, "batch_size": self.batch_size},
+            fn_kwargs={"feeder": feeder},
             batch_size=1,
             batch_format="numpy",
             compute=ray.data.TaskPoolStrategy(size=2),
             num_cpus=0,
         )
-        ds = _replica_stage(
-            ds,
-            self.settings,
-            self.replicas,
-            self.batch_size,
-            self.max_concurrent_batches,
-            self._ledger,
-        )
+        ds = _replica_stage(ds, self.settings, self.replicas, segment, batches, self._ledger)
         results: queue.Queue = queue.Queue(maxsize=64)
         thread = threading.Thread(target=_drain, args=(ds, results), daemon=True)
         thread.start()
@@ -432,7 +434,7 @@ class ReplicaPool:
             while True:
                 if should_stop is not None and should_stop():
                     return
-                while not exhausted and len(segment_of) < self.window:
+                while not exhausted and len(segment_of) < window:
                     prompt = next(feed, None)
                     if prompt is None:
                         exhausted = True
@@ -443,11 +445,9 @@ class ReplicaPool:
                         continue
                     segment_of[rid] = k
                     current.append(pickle.dumps(prompt))
-                    if len(current) >= self.segment:
+                    if len(current) >= segment:
                         break
-                if current and (
-                    len(current) >= self.segment or exhausted or len(segment_of) >= self.window
-                ):
+                if current and (len(current) >= segment or exhausted or len(segment_of) >= window):
                     left[k] = len(current)
                     feeder.put.remote(k, current)
                     current, k = [], k + 1
@@ -589,6 +589,8 @@ def build_processor(
     def processor(ds):
         _quiet_ray_data()
         ds = ds.map_batches(to_requests, batch_format="numpy")
+        # A replica takes a block at a time: blocks of one batch spread over all of them.
+        ds = ds.repartition(target_num_rows_per_block=batch_size)
         ds = _replica_stage(ds, settings, replicas, batch_size, max_concurrent_batches)
         return ds.map_batches(to_results, batch_format="numpy")
 

@@ -417,7 +417,11 @@ class GenerateJob:
         memory = {"swap_space_bytes": sum(s["memory"].get("swap_space_bytes", 0) for s in snaps)}
         scaled = {}
         if self.s.replicas is not None:
-            scaled = {"replicas": replica_summary(llm, wall), "replica_deaths": llm.deaths()}
+            scaled = {
+                "replicas": replica_summary(llm, wall),
+                "replica_deaths": llm.deaths(),
+                "replicas_ready_s": replicas_ready_s(snaps, self.s.replicas, wall),
+            }
         return {
             "requests": c.ok + c.failed + c.skipped,
             "ok": c.ok,
@@ -506,6 +510,16 @@ _NO_STATS: dict[str, dict[str, Any]] = {
     "beam_search": {"num_groups": 0},
     "swap": {"preemption_mode": "recompute", "swap_outs": 0},
 }
+
+
+def replicas_ready_s(snaps: list[dict[str, Any]], replicas: int, wall: float) -> float | None:
+    """Seconds from the start of the run until `replicas` replicas had loaded (their model
+    loads inside the run's wall, where a one-process job's is before it); None if fewer ever
+    reported."""
+    ready = sorted(s["ready_at"] for s in snaps if "ready_at" in s)
+    if len(ready) < replicas:
+        return None
+    return round(ready[replicas - 1] - (time.time() - wall), 3)
 
 
 def replica_summary(llm, wall: float) -> list[dict[str, Any]]:
