@@ -234,6 +234,9 @@ class GenerateJob:
                 self.llm = ScaledOut(
                     engine_settings(self.s.engine), self.s.replicas, self.s.ray_address
                 )
+                if self._handlers is not None:  # Ray's start-up sets SIGTERM's handler its way
+                    for sig in _STOP_SIGNALS:
+                        signal.signal(sig, self._on_signal)
             else:
                 from pagedctl.engine import LLM
 
