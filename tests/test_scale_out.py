@@ -121,7 +121,7 @@ def _wait_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 240
     raise TimeoutError(f"{path} did not reach {n} lines")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_driver_stopped_mid_job_resumes_exactly_once(cluster, reference, tmp_path, sig):
     """SIGKILL loses the batches in flight; SIGTERM too, but ends with 75 (Ray's own SIGTERM
     handler, set when it starts, must not be the one that runs)."""
