@@ -577,14 +577,13 @@ def build_processor(
             "row": np.array([pickle.dumps(r) for r in rows], dtype=object),
         }
 
-    def to_results(batch: dict[str, np.ndarray]) -> Any:
+    def to_results(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = []
         for raw_out, raw_row in zip(batch["output"], batch["row"], strict=True):
             row = {**pickle.loads(raw_row), **_result(pickle.loads(raw_out))}
             out.append(postprocess(row) if postprocess else row)
-        import pandas as pd
-
-        return pd.DataFrame(out)
+        keys = list(dict.fromkeys(k for row in out for k in row))
+        return {k: _column([row.get(k) for row in out]) for k in keys}
 
     def processor(ds):
         _quiet_ray_data()
@@ -595,6 +594,12 @@ def build_processor(
         return ds.map_batches(to_results, batch_format="numpy")
 
     return processor
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def _rows(batch: dict[str, np.ndarray]) -> list[dict]:
