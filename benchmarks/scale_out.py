@@ -4,7 +4,7 @@
         [--load-format dummy] [--prompt-len 100,1024] [--output-len 100,1024] [--temperature 0]
         [--ray-address auto] [-- ENGINE FLAGS...]
 
-Writes a W1-shaped job (`make_workload` of nano-bench's shape: prompts of random token ids in
+Writes a nano-bench-shaped job (`make_workload`: prompts of random token ids in
 [0, 10000), lengths and `max_tokens` uniform in the given ranges, EOS ignored) as
 `prompt_token_ids` lines, then runs it as a one-process job and with each `--replicas` count,
 each into fresh output files, one after another. Every run's summary is kept; the table compares

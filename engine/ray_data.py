@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import pickle
@@ -380,6 +381,8 @@ class ReplicaPool:
         self.snapshots: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
         self.done_by: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
         self.last_replica: str | None = None  # the replica of the output just yielded
+        self._feeder = None
+        self._drain_thread: threading.Thread | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -422,9 +425,14 @@ class ReplicaPool:
         )
         ds = _replica_stage(ds, self.settings, self.replicas, segment, batches, self._ledger)
         results: queue.Queue = queue.Queue(maxsize=64)
-        thread = threading.Thread(target=_drain, args=(ds, results), daemon=True)
-        thread.start()
+        self._feeder = feeder
         feed = iter(prompts)
+        first = next(feed, None)
+        if first is None:  # nothing to run: no dataset, no replicas started
+            return
+        feed = itertools.chain([first], feed)
+        self._drain_thread = threading.Thread(target=_drain, args=(ds, results), daemon=True)
+        self._drain_thread.start()
         segment_of: dict[str, int] = {}
         left: dict[int, int] = {}  # segment -> requests without a result yet
         current: list[bytes] = []
@@ -486,6 +494,11 @@ class ReplicaPool:
         return 0  # nothing runs here; `close` ends the replicas
 
     def close(self) -> None:
+        """Stop feeding (the pulls end), then leave the cluster; a cluster this pool started
+        ends with it."""
+        if self._feeder is not None:
+            with contextlib.suppress(Exception):
+                ray.get(self._feeder.finish.remote(0), timeout=10)
         ray.shutdown()
 
 
