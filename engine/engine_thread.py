@@ -57,11 +57,6 @@ class EngineThread:
                 self._incoming.append((next(self._index), prompt, deliver))
             self._cond.notify()
 
-    def idle(self) -> bool:
-        """Nothing queued here or in the engine."""
-        with self._cond:
-            return not self._incoming and not self._sinks
-
     def close(self) -> None:
         with self._cond:
             self._closed = True

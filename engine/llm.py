@@ -28,7 +28,7 @@ from .model_runner import ModelRunner
 from .model_source import resolve_model
 from .models import build_model
 from .outputs import RequestOutput
-from .pool_sizing import kv_cache_blocks, resolve_max_model_len
+from .pool_sizing import kv_cache_blocks, model_max_len, resolve_max_model_len
 from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -128,7 +128,7 @@ class LLM:
         default_tokens, default_seqs = default_step_limits(self.device.type, total)
         max_num_seqs = c.max_num_seqs or default_seqs
         batched = c.max_num_batched_tokens or default_tokens
-        config_len = int(getattr(self.hf_config, "max_position_embeddings", 0) or 4096)
+        config_len = model_max_len(self.hf_config)
         blocks, figures = kv_cache_blocks(
             self.model,
             self.layout,

@@ -63,6 +63,11 @@ def kv_cache_blocks(
     return blocks, figures
 
 
+def model_max_len(hf_config) -> int:
+    """The model's own longest sequence (its config's; 4,096 when it gives none)."""
+    return int(getattr(hf_config, "max_position_embeddings", 0) or 4096)
+
+
 def resolve_max_model_len(asked: int | None, config_len: int, pool_tokens: int) -> int:
     """The longest sequence: as asked (a warning if the pool is shorter: such sequences stop
     with finish reason 'length'), else the model's own limit cut to the pool."""

@@ -49,6 +49,7 @@ from .config import EngineConfig
 from .device import resolve_device, resolve_dtype
 from .model_source import resolve_model
 from .outputs import RequestOutput
+from .pool_sizing import model_max_len
 from .sampling_params import SamplingParams
 
 MAX_CRASHES = 3  # deaths a request may be running at before it is given up
@@ -63,7 +64,7 @@ def describe(settings: dict[str, Any]) -> dict[str, Any]:
     config = EngineConfig().replace(**settings)
     device = resolve_device(config.device)
     source = resolve_model(config.model, config.load_format)
-    config_len = int(getattr(source.hf_config, "max_position_embeddings", 0) or 4096)
+    config_len = model_max_len(source.hf_config)
     return {
         "model_name": config.served_model_name or source.name,
         "source_name": source.name,
@@ -380,9 +381,7 @@ class ReplicaPool:
         self._ledger = _LedgerActor.remote(max_crashes)
         self.snapshots: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
         self.done_by: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
-        self.last_replica: str | None = None  # the replica of the output just yielded
         self._feeder = None
-        self._drain_thread: threading.Thread | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -431,64 +430,59 @@ class ReplicaPool:
         if first is None:  # nothing to run: no dataset, no replicas started
             return
         feed = itertools.chain([first], feed)
-        self._drain_thread = threading.Thread(target=_drain, args=(ds, results), daemon=True)
-        self._drain_thread.start()
+        threading.Thread(target=_drain, args=(ds, results), daemon=True).start()
         segment_of: dict[str, int] = {}
         left: dict[int, int] = {}  # segment -> requests without a result yet
         current: list[bytes] = []
         k = 0
         exhausted = finished = False
-        try:
-            while True:
-                if should_stop is not None and should_stop():
-                    return
-                while not exhausted and len(segment_of) < window:
-                    prompt = next(feed, None)
-                    if prompt is None:
-                        exhausted = True
-                        break
-                    rid = prompt["request_id"]
-                    if rid in segment_of:  # the driver's own ids are unique; refuse, not hang
-                        yield _duplicate(rid)
-                        continue
-                    segment_of[rid] = k
-                    current.append(pickle.dumps(prompt))
-                    if len(current) >= segment:
-                        break
-                if current and (len(current) >= segment or exhausted or len(segment_of) >= window):
-                    left[k] = len(current)
-                    feeder.put.remote(k, current)
-                    current, k = [], k + 1
-                if exhausted and not finished:
-                    feeder.finish.remote(k)
-                    finished = True
-                if finished and not segment_of:
-                    return
-                try:
-                    item = results.get(timeout=0.2)
-                except queue.Empty:
+        while True:
+            if should_stop is not None and should_stop():
+                return
+            while not exhausted and len(segment_of) < window:
+                prompt = next(feed, None)
+                if prompt is None:
+                    exhausted = True
+                    break
+                rid = prompt["request_id"]
+                if rid in segment_of:  # the driver's own ids are unique; refuse, not hang
+                    yield _duplicate(rid)
                     continue
-                if isinstance(item, BaseException):
-                    raise item
-                if item is None:  # the dataset ended with requests unreturned: the job says so
-                    return
-                for out, replica, snap in item:
-                    seg = segment_of.pop(out.request_id, None)
-                    if seg is None:
-                        continue  # a batch run again after its replica died: already had
-                    if snap is not None:
-                        self.snapshots[replica] = snap
-                    mine = self.done_by.setdefault(replica, {"requests": 0, "output_tokens": 0})
-                    mine["requests"] += 1
-                    mine["output_tokens"] += sum(len(o.token_ids) for o in out.outputs)
-                    left[seg] -= 1
-                    if not left[seg]:
-                        del left[seg]
-                        feeder.drop.remote(seg)
-                    self.last_replica = replica
-                    yield out
-        finally:
-            self.in_flight = len(segment_of)
+                segment_of[rid] = k
+                current.append(pickle.dumps(prompt))
+                if len(current) >= segment:
+                    break
+            if current and (len(current) >= segment or exhausted or len(segment_of) >= window):
+                left[k] = len(current)
+                feeder.put.remote(k, current)
+                current, k = [], k + 1
+            if exhausted and not finished:
+                feeder.finish.remote(k)
+                finished = True
+            if finished and not segment_of:
+                return
+            try:
+                item = results.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:  # the dataset ended with requests unreturned: the job says so
+                return
+            for out, replica, snap in item:
+                seg = segment_of.pop(out.request_id, None)
+                if seg is None:
+                    continue  # a batch run again after its replica died: already had
+                if snap is not None:
+                    self.snapshots[replica] = snap
+                mine = self.done_by.setdefault(replica, {"requests": 0, "output_tokens": 0})
+                mine["requests"] += 1
+                mine["output_tokens"] += sum(len(o.token_ids) for o in out.outputs)
+                left[seg] -= 1
+                if not left[seg]:
+                    del left[seg]
+                    feeder.drop.remote(seg)
+                yield out
 
     def abort_all(self) -> int:
         return 0  # nothing runs here; `close` ends the replicas

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pagedctl.exits import EXIT_OK, EXIT_PARTIAL, EXIT_TEMPFAIL, EXIT_USAGE
-from tests.job_utils import by_id, read_jsonl, write_jsonl
+from tests.job_utils import by_id, read_jsonl, wait_for_lines, write_jsonl
 
 # A local cluster with token authentication, as Ray starts one by default; the jobs
 # (subprocesses) join it with the token from the environment. Set before Ray is imported: Ray
@@ -111,16 +111,6 @@ def test_two_replicas_answer_as_one_process_and_keep_per_line_errors(cluster, re
     assert tokens(tmp_path / "in.out.jsonl") == reference
 
 
-def _wait_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        count = path.read_bytes().count(b"\n") if path.exists() else 0
-        if count >= n or proc.poll() is not None:
-            return count
-        time.sleep(0.05)
-    raise TimeoutError(f"{path} did not reach {n} lines")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_driver_stopped_mid_job_resumes_exactly_once(cluster, reference, tmp_path, sig):
     """SIGKILL loses the batches in flight; SIGTERM too, but ends with 75 (Ray's own SIGTERM
@@ -129,7 +119,7 @@ def test_driver_stopped_mid_job_resumes_exactly_once(cluster, reference, tmp_pat
     out = tmp_path / "in.out.jsonl"
     args = [src, *MODEL, "--replicas", "2", "--ray-address", cluster, "-q"]
     proc = subprocess.Popen(cmd(*args), stderr=subprocess.PIPE, text=True, env=_env())
-    seen = _wait_lines(out, 16, proc)
+    seen = wait_for_lines(out, 16, proc, timeout=240)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert 16 <= seen < N, f"the signal came after {seen} of {N} lines"
@@ -172,7 +162,7 @@ def test_replicas_killed_mid_job_are_restarted_and_nothing_is_lost(
     args = [src, *MODEL, "--replicas", "2", "--ray-address", cluster, "-q",
             "--summary-json", summary]  # fmt: skip
     proc = subprocess.Popen(cmd(*args), stderr=subprocess.PIPE, text=True, env=_env())
-    seen = _wait_lines(out, 16, proc)
+    seen = wait_for_lines(out, 16, proc, timeout=240)
     pids = _replica_pids()
     assert len(pids) == 2 and seen < N, (pids, seen)
     for pid in [_busiest(pids)] if kill == "one" else pids:
