@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .block_hash import BlockHash
 
@@ -31,7 +31,14 @@ class FreeKVCacheBlockQueue:
     prefix hit on a free cached block needs. The head is reused first.
     """
 
-    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def __init__(
+        self,
+        blocks: Iterable[KVCacheBlock] = (),
+        num_fresh: int = 0,
+        make: Callable[[], KVCacheBlock] | None = None,
+    ) -> None:
+        """`blocks` in order, then `num_fresh` blocks not yet made, which `make` creates one at
+        a time as they come to the head (a pool of a million blocks starts in microseconds)."""
         self._head = KVCacheBlock(-1)
         self._tail = KVCacheBlock(-1)
         self._head.next_free = self._tail
@@ -39,13 +46,48 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks = 0
         for block in blocks:
             self.append(block)
+        # The blocks not yet made stand as one marker node: blocks freed to the head go before
+        # them and blocks freed to the tail after them, exactly where they would be if made.
+        self._fresh = KVCacheBlock(-2)
+        self._num_fresh, self._make = num_fresh, make
+        if num_fresh:
+            assert make is not None, "fresh blocks need a maker"
+            prev = self._tail.prev_free
+            self._fresh.prev_free, self._fresh.next_free = prev, self._tail
+            prev.next_free = self._tail.prev_free = self._fresh
+            self.num_free_blocks += num_fresh
 
     def popleft(self) -> KVCacheBlock:
         block = self._head.next_free
+        if block is self._fresh:
+            self._num_fresh -= 1
+            self.num_free_blocks -= 1
+            if not self._num_fresh:
+                self._unlink_fresh()
+            return self._make()
         if block is self._tail:
             raise RuntimeError("no free KV block left")
         self.remove(block)
         return block
+
+    def _unlink_fresh(self) -> None:
+        prev, nxt = self._fresh.prev_free, self._fresh.next_free
+        prev.next_free, nxt.prev_free = nxt, prev
+        self._fresh.prev_free = self._fresh.next_free = None
+
+    def make_all(self) -> None:
+        """Make the blocks not yet made, in their place in the queue (integrity checks and
+        tests walk every block)."""
+        if not self._num_fresh:
+            return
+        prev = self._fresh.prev_free
+        self._unlink_fresh()
+        n, self._num_fresh = self._num_fresh, 0
+        self.num_free_blocks -= n
+        for _ in range(n):
+            block = self._make()
+            self._link(block, prev, prev.next_free)
+            prev = block
 
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
@@ -76,7 +118,9 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks += 1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """Free blocks from head (reused next) to tail; for tests and integrity checks."""
+        """Free blocks from head (reused next) to tail; for tests and integrity checks (the
+        blocks not yet made are made first)."""
+        self.make_all()
         out = []
         block = self._head.next_free
         while block is not self._tail:
@@ -96,9 +140,16 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # Blocks are made when first handed out (ids in order), so `blocks[i]` exists for
+        # every id a sequence has ever held; the free queue stands for the rest.
+        self.blocks: list[KVCacheBlock] = []
+        self.free_block_queue = FreeKVCacheBlockQueue(num_fresh=num_blocks, make=self._make)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+
+    def _make(self) -> KVCacheBlock:
+        block = KVCacheBlock(len(self.blocks))
+        self.blocks.append(block)
+        return block
 
     @property
     def num_free_blocks(self) -> int:
@@ -177,7 +228,8 @@ class BlockPool:
 
     def check_integrity(self) -> None:
         """Assert that the free queue, reference counts and the hash map agree."""
-        free = self.free_block_queue.get_all_free_blocks()
+        free = self.free_block_queue.get_all_free_blocks()  # makes every block
+        assert len(self.blocks) == self.num_blocks, "blocks made != the pool's size"
         assert len(free) == self.num_free_blocks, "free count drifted from the queue"
         assert len({b.block_id for b in free}) == len(free), "a block is twice in the free queue"
         assert all(b.ref_cnt == 0 for b in free), "a referenced block is in the free queue"

@@ -33,6 +33,7 @@ from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
+from .startup import StartupClock, use_compile_cache
 from .swap import host_blocks
 from .threads import apply_threads, watch_threads
 from .weights import iter_weights, load_tokenizer
@@ -62,7 +63,8 @@ class LLM:
     After construction, `config` holds the settings and `memory` the sizing figures (bytes):
     `weights_bytes`, `kv_cache_bytes`, `num_blocks`, `block_size`, and on CUDA `total_bytes`,
     `utilization`, `activation_peak_bytes`, `non_kv_bytes` (weights + activation peak; absent
-    when the pool size was given) and `cuda_graph_bytes`.
+    when the pool size was given) and `cuda_graph_bytes` (the step graphs' pool when built or
+    after `capture_graphs`; `snapshot()` has its current size).
     """
 
     def __init__(
@@ -75,16 +77,20 @@ class LLM:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.seed = config.seed
-        self.source = resolve_model(config.model, config.load_format)
-        self.model_name = config.served_model_name or self.source.name
-        self.hf_config = self.source.hf_config
-        self.model = build_model(self.hf_config, self.dtype, self.device)
-        if self.source.load_format == "dummy":
-            self.model.init_dummy_weights(config.seed)
-        else:
-            self.model.load_weights(iter_weights(self.source))
-        self.model.eval()
-        self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
+        self._clock = StartupClock(self.device.type)
+        if self.device.type == "cuda":
+            use_compile_cache()
+        with self._clock.phase("load"):
+            self.source = resolve_model(config.model, config.load_format)
+            self.model_name = config.served_model_name or self.source.name
+            self.hf_config = self.source.hf_config
+            self.model = build_model(self.hf_config, self.dtype, self.device)
+            if self.source.load_format == "dummy":
+                self.model.init_dummy_weights(config.seed)
+            else:
+                self.model.load_weights(iter_weights(self.source))
+            self.model.eval()
+            self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
         self.layout = KVLayout(
             self.model.num_layers,
             self.model.num_kv_heads,
@@ -107,6 +113,7 @@ class LLM:
         loaded model this way.
         """
         config = self.config.replace(**settings)
+        self._clock = StartupClock(self.device.type, since_process_start=False)
         reload = [
             n for n in NAMES if SETTINGS[n].load and getattr(config, n) != getattr(self.config, n)
         ]
@@ -129,21 +136,23 @@ class LLM:
         max_num_seqs = c.max_num_seqs or default_seqs
         batched = c.max_num_batched_tokens or default_tokens
         config_len = model_max_len(self.hf_config)
-        blocks, figures = kv_cache_blocks(
-            self.model,
-            self.layout,
-            self.device,
-            self.dtype,
-            c.block_size,
-            num_blocks=c.num_gpu_blocks_override,
-            kv_cache_memory=c.kv_cache_memory_bytes,
-            utilization=c.gpu_memory_utilization,
-            useful_tokens=max_num_seqs * (c.max_model_len or config_len),
-            batched_tokens=batched,
-            max_num_seqs=max_num_seqs,
-            weights_bytes=weights,
-            reserve_graphs=bool(c.cuda_graphs),
-        )
+        clock = self._clock
+        with clock.phase("profile"):
+            blocks, figures = kv_cache_blocks(
+                self.model,
+                self.layout,
+                self.device,
+                self.dtype,
+                c.block_size,
+                num_blocks=c.num_gpu_blocks_override,
+                kv_cache_memory=c.kv_cache_memory_bytes,
+                utilization=c.gpu_memory_utilization,
+                useful_tokens=max_num_seqs * (c.max_model_len or config_len),
+                batched_tokens=batched,
+                max_num_seqs=max_num_seqs,
+                weights_bytes=weights,
+                reserve_graphs=bool(c.cuda_graphs),
+            )
         self.memory.update(figures)
         pool_tokens = blocks * c.block_size
         self.max_model_len = resolve_max_model_len(c.max_model_len, config_len, pool_tokens)
@@ -151,37 +160,41 @@ class LLM:
         host = 0
         if c.preemption_mode != "recompute":
             host = host_blocks(int(c.swap_space * 2**30), block_bytes)
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                batched,
-                max_num_seqs,
-                self.max_model_len,
-                debug=c.debug,
-                preemption_mode=c.preemption_mode,
-            ),
-            CacheConfig(
-                c.block_size,
+        with clock.phase("pool"):
+            self.scheduler = Scheduler(
+                SchedulerConfig(
+                    batched,
+                    max_num_seqs,
+                    self.max_model_len,
+                    debug=c.debug,
+                    preemption_mode=c.preemption_mode,
+                ),
+                CacheConfig(
+                    c.block_size,
+                    blocks,
+                    c.enable_prefix_caching,
+                    hash_seed=self.seed,
+                    num_host_blocks=host,
+                ),
+            )
+        with clock.phase("capture"):
+            self.runner = ModelRunner(
+                self.model,
                 blocks,
-                c.enable_prefix_caching,
-                hash_seed=self.seed,
+                c.block_size,
+                self.device,
+                self.dtype,
+                self.seed,
+                max_model_len=self.max_model_len,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=batched,
+                cuda_graphs=c.cuda_graphs,
                 num_host_blocks=host,
-            ),
-        )
-        self.runner = ModelRunner(
-            self.model,
-            blocks,
-            c.block_size,
-            self.device,
-            self.dtype,
-            self.seed,
-            max_model_len=self.max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=batched,
-            cuda_graphs=c.cuda_graphs,
-            num_host_blocks=host,
-        )
+                clock=clock,
+            )
         if c.preemption_mode == "auto" and host >= 2 and blocks >= 2:
-            self.scheduler.costs = self.runner.calibrate_preemption(batched)
+            with clock.phase("calibrate"):
+                self.scheduler.costs = self.runner.calibrate_preemption(batched)
         self.config = c
         self.memory["kv_cache_bytes"] = blocks * block_bytes
         self.memory.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)
@@ -189,6 +202,17 @@ class LLM:
         if self.device.type == "cuda":
             self.memory["cuda_graph_bytes"] = self.runner.graph_pool_bytes
         self._log_start(blocks, c.block_size)
+
+    def capture_graphs(self) -> int:
+        """Capture every CUDA step graph now; returns how many there are. Graphs are otherwise
+        captured when a step first needs one (a small job captures only the few it uses), so
+        a benchmark calls this before its timed run. No-op without graphs."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return 0
+        graphs.capture_all()  # counted in the start-up clock's capture phase
+        self.memory["cuda_graph_bytes"] = graphs.pool_bytes
+        return graphs.num_captured
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (benchmarks start each run cold). False, and nothing
@@ -481,6 +505,14 @@ class LLM:
             "kv_usage": kv.usage,
         }
 
+    @property
+    def startup(self) -> dict[str, float | int | None]:
+        """Seconds of each start-up phase (`import_s`, `load_s`, `profile_s`, `pool_s`,
+        `capture_s`, ...; see `engine.startup`), their sum `engine_s`, and `compile_s`, the
+        Triton JIT time inside them, with `kernels_compiled`. After `reconfigure`, that
+        rebuild's phases."""
+        return self._clock.as_dict()
+
     def snapshot(self) -> dict[str, Any]:
         """Where the engine stands, as plain values (a progress line's figures, `stats`,
         `memory`): what one replica of a scaled-out job reports."""
@@ -492,7 +524,8 @@ class LLM:
             "kv_usage": kv.usage,
             "peak_kv_usage": kv.stats.peak_used_blocks / kv.num_blocks,
             "stats": self.stats,
-            "memory": dict(self.memory),
+            "memory": {**self.memory, "cuda_graph_bytes": self.runner.graph_pool_bytes},
+            "startup": self.startup,
             "device": str(self.device),
         }
 

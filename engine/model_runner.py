@@ -33,6 +33,7 @@ from .sampler import Sampler, SamplerOutput, make_generator
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 from .staging import Staging
+from .startup import StartupClock
 from .step_graphs import MAX_GRAPH_BATCH, StepGraphs
 from .swap import PreemptionCosts, fitted
 
@@ -90,10 +91,12 @@ class ModelRunner:
         max_num_batched_tokens: int = 2048,
         cuda_graphs: bool | str = True,
         num_host_blocks: int = 0,
+        clock: StartupClock | None = None,
     ) -> None:
         """`cuda_graphs="emulate"` runs the graph path without CUDA (static buffers, padded
         buckets, eager replays) so that tests on the CPU cover it. `num_host_blocks`: the host
-        pool swapped-out blocks go to (allocated on first use; pinned on CUDA)."""
+        pool swapped-out blocks go to (allocated on first use; pinned on CUDA). `clock`
+        counts the step graphs' capture, done when each is first used."""
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -137,6 +140,7 @@ class ModelRunner:
                 max_tokens=max_num_batched_tokens,
                 max_seqs=max_num_seqs,
                 emulate=cuda_graphs == "emulate",
+                clock=clock,
             )
         head = model.lm_head.weight  # [vocab, hidden]: the logits' width and dtype
         self.sampler.warm_up(head.shape[0], head.dtype, device)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .models.attention import AttentionMetadata, KVCache
+from .startup import StartupClock
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -94,8 +95,12 @@ class StepGraphs:
         max_tokens: int,
         max_seqs: int,
         emulate: bool = False,
+        clock: StartupClock | None = None,
     ) -> None:
+        """`clock`: where each capture's time (and its kernels' JIT) is counted, as start-up
+        work done late."""
         dev = kv_caches[0][0].device
+        self._clock = clock
         cuda = not emulate
         self.decode_sizes = graph_buckets(max_batch)
         self.mixed_sizes = token_buckets(max_tokens)
@@ -109,48 +114,77 @@ class StepGraphs:
         flat = 3 * longest + 3 * max_seqs + 1
         self._mixed_flat = torch.zeros(flat, dtype=torch.int64, device=dev)
         self._mixed_tables = torch.zeros((max_seqs, max_blocks), dtype=torch.int32, device=dev)
-        before = torch.cuda.memory_reserved(dev) if cuda else 0
-        pool = torch.cuda.graph_pool_handle() if cuda else None
+        self._cuda, self._model, self._kv_caches = cuda, model, kv_caches
+        self._pool = torch.cuda.graph_pool_handle() if cuda else None
         self.few_sizes = [t for t in self.mixed_sizes if t <= FEW_MAX_TOKENS]
         if max_seqs <= FEW_SEQS:
             self.few_sizes = []  # the mixed graphs are as small already
-        keys = [("mixed", t) for t in reversed(self.mixed_sizes)]
-        keys += [("few", t) for t in reversed(self.few_sizes)]
-        keys += [("decode", b) for b in reversed(self.decode_sizes)]
         self._graphs: dict[GraphKey, StepGraph] = {}
-        for key in keys:  # largest first: the smaller ones reuse its pool
-            kind, size = key
-            inputs, ids, positions, rows, tables, meta = (
-                self._decode_inputs(size) if kind == "decode" else self._mixed_inputs(key)
-            )
-            args = (ids, positions, kv_caches, meta)
-            hidden = model(*args)  # compiles the kernels of this shape outside a capture
-            if cuda:
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    hidden = model(*args)
-            else:
-                graph = _EmulatedGraph(model, args, hidden)
-            self._graphs[key] = StepGraph(graph, inputs, ids, positions, rows, tables, hidden)
         self.pool_bytes = 0
-        if cuda:
-            torch.cuda.synchronize(dev)
-            self.pool_bytes = torch.cuda.memory_reserved(dev) - before
         logger.info(
-            "captured %d %sgraphs: decode batches up to %d, mixed steps up to %d tokens x %d "
-            "sequences, %d few-sequence ones (%.0f MiB)",
-            len(keys),
-            "emulated " if emulate else "CUDA ",
+            "step graphs (%s, captured on first use): decode batches up to %d, mixed steps up "
+            "to %d tokens x %d sequences, %d few-sequence sizes",
+            "emulated" if emulate else "CUDA",
             width,
             longest,
             max_seqs,
             len(self.few_sizes),
-            self.pool_bytes / 2**20,
         )
 
+    def _capture(self, key: GraphKey) -> StepGraph:
+        if self._clock is None:
+            return self._capture_now(key)
+        with self._clock.phase("capture"):
+            return self._capture_now(key)
+
+    @torch.inference_mode()
+    def _capture_now(self, key: GraphKey) -> StepGraph:
+        """Capture one bucket's graph (its kernels compiled by an eager run first).
+
+        Captured when a step first needs it, before the step's inputs are copied in (the
+        buffers are shared by every bucket, and the warm-up run zeroes them). The graphs
+        share one memory pool: they replay one at a time, so each capture reuses what the
+        ones before it freed.
+        """
+        kind, size = key
+        inputs, ids, positions, rows, tables, meta = (
+            self._decode_inputs(size) if kind == "decode" else self._mixed_inputs(key)
+        )
+        args = (ids, positions, self._kv_caches, meta)
+        hidden = self._model(*args)  # compiles the kernels of this shape outside a capture
+        if self._cuda:
+            dev = ids.device
+            before = torch.cuda.memory_reserved(dev)
+            torch.cuda.synchronize(dev)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                hidden = self._model(*args)
+            torch.cuda.synchronize(dev)
+            self.pool_bytes += torch.cuda.memory_reserved(dev) - before
+        else:
+            graph = _EmulatedGraph(self._model, args, hidden)
+        step = self._graphs[key] = StepGraph(graph, inputs, ids, positions, rows, tables, hidden)
+        logger.debug("captured the %s graph of %d (%d so far)", kind, size, len(self._graphs))
+        return step
+
+    def capture_all(self) -> None:
+        """Capture every bucket now, largest first (benchmarks that must not capture inside a
+        timed run; tests)."""
+        keys = [("mixed", t) for t in reversed(self.mixed_sizes)]
+        keys += [("few", t) for t in reversed(self.few_sizes)]
+        keys += [("decode", b) for b in reversed(self.decode_sizes)]
+        for key in keys:
+            if key not in self._graphs:
+                self._capture(key)
+
+    @property
+    def num_captured(self) -> int:
+        return len(self._graphs)
+
     def __getitem__(self, key: GraphKey) -> StepGraph:
-        return self._graphs[key]
+        """The bucket's graph, captured now if this is its first use."""
+        step = self._graphs.get(key)
+        return step if step is not None else self._capture(key)
 
     def has_decode(self, num_seqs: int) -> bool:
         return 0 < num_seqs <= self.max_batch

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .model_config import ModelConfig
+
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -42,7 +44,8 @@ class ModelSource:
 
     Attributes:
         name: what the user asked for (a path, a preset, a Hugging Face id, the default's name).
-        hf_config: the transformers config (LlamaConfig, Qwen2Config or Qwen3Config).
+        hf_config: the model's config.json (`ModelConfig`: attributes as on a transformers
+            config, without importing transformers; `to_transformers()` makes one).
         load_format: "safetensors" (read `weights_dir`) or "dummy" (the model class makes random
             weights).
         weights_dir: folder holding the `*.safetensors` files; None for dummy.
@@ -50,7 +53,7 @@ class ModelSource:
     """
 
     name: str
-    hf_config: PretrainedConfig
+    hf_config: ModelConfig
     load_format: str
     weights_dir: Path | None
     tokenizer_dir: Path | None
@@ -77,10 +80,8 @@ def source_from_folder(name: str, folder: Path, weights: bool = True) -> ModelSo
     )
 
 
-def load_config(config_file: Path) -> PretrainedConfig:
-    """Build the transformers config of a `config.json`-style file, checking the architecture."""
-    from transformers import CONFIG_MAPPING
-
+def load_config(config_file: Path) -> ModelConfig:
+    """Read a `config.json`-style file, checking the architecture (transformers is not needed)."""
     if not config_file.is_file():
         raise ModelNotFoundError(f"{config_file.parent} has no config.json")
     raw = json.loads(config_file.read_text())
@@ -91,7 +92,7 @@ def load_config(config_file: Path) -> PretrainedConfig:
             f"{config_file}: architecture {arch or model_type!r} is not supported; "
             f"pagedctl runs {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    return CONFIG_MAPPING[model_type].from_dict(raw)
+    return ModelConfig(raw)
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -184,7 +185,7 @@ def cached_hf_models() -> list[CachedModel]:
     return found
 
 
-def expected_weight_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
+def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter a Llama / Qwen2 / Qwen3 checkpoint of this config holds, with its shape."""
     h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
     nh, nkv = config.num_attention_heads, config.num_key_value_heads

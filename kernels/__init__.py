@@ -10,6 +10,7 @@ forces the reference. Callers never import a backend module directly.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -56,6 +57,54 @@ def _forced_backend() -> str | None:
     """The backend `PAGEDCTL_KERNELS` forces ("triton" or "reference"), else None."""
     forced = os.environ.get("PAGEDCTL_KERNELS", "").lower()
     return forced if forced in ("reference", "triton") else None
+
+
+class JitClock:
+    """Time spent in Triton's JIT (a kernel compiled, or loaded from Triton's disk cache) while
+    entered; a context manager that may be entered again and nested. Disabled, or without
+    Triton installed, it counts nothing and imports nothing."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.seconds = 0.0
+        self.count = 0
+        self._depth = 0
+        self._saved: tuple = ()
+        self._started: list[float] = []
+
+    def __enter__(self) -> JitClock:
+        self._depth += 1
+        if self._depth == 1 and self.enabled:
+            self._install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._saved:
+            knobs = self._saved[0]
+            knobs.jit_cache_hook, knobs.jit_post_compile_hook = self._saved[1:]
+            self._saved = ()
+
+    def _install(self) -> None:
+        try:
+            from triton import knobs
+        except ImportError:
+            return
+        runtime = knobs.runtime
+        before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+        self._saved = (runtime, before, after)
+
+        def on_miss(**kwargs):
+            self._started.append(time.perf_counter())
+            return before(**kwargs) if before else False
+
+        def on_compiled(**kwargs):
+            if self._started:
+                self.seconds += time.perf_counter() - self._started.pop()
+                self.count += 1
+            return after(**kwargs) if after else False
+
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = on_miss, on_compiled
 
 
 def graph_capturable(device_type: str) -> bool:
@@ -207,6 +256,7 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
 
 
 __all__ = [
+    "JitClock",
     "empty_kv_cache",
     "graph_capturable",
     "paged_attention",

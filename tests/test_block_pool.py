@@ -116,3 +116,57 @@ def test_check_integrity_detects_corruption():
     a.ref_cnt = 0  # leaked: neither free nor referenced
     with pytest.raises(AssertionError, match="free \\+ used"):
         pool.check_integrity()
+
+
+class _EagerPool(BlockPool):
+    """Every block made up front, the order the lazy pool must reproduce."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_blocks_made_on_demand_come_out_in_the_eager_order(seed):
+    import random
+
+    rng = random.Random(seed)
+    lazy, eager = BlockPool(64), _EagerPool(64)
+    held: list[list[int]] = []
+    for step in range(300):
+        op = rng.random()
+        if op < 0.45 and lazy.num_free_blocks:
+            n = rng.randint(1, min(6, lazy.num_free_blocks))
+            got = [b.block_id for b in lazy.get_new_blocks(n)]
+            assert got == [b.block_id for b in eager.get_new_blocks(n)], step
+            for i in got:
+                if rng.random() < 0.5:  # a full block: cached under a hash of its own
+                    key = h(1000 * seed + step * 10 + got.index(i))
+                    assert lazy.cache_block(lazy.blocks[i], key)
+                    assert eager.cache_block(eager.blocks[i], key)
+            held.append(got)
+        elif op < 0.85 and held:
+            ids = held.pop(rng.randrange(len(held)))
+            lazy.free_blocks([lazy.blocks[i] for i in reversed(ids)])
+            eager.free_blocks([eager.blocks[i] for i in reversed(ids)])
+        elif lazy.cached_block_hash_to_block:  # a prefix hit revives a free cached block
+            key = rng.choice(sorted(lazy.cached_block_hash_to_block))
+            block = lazy.get_cached_block(key)
+            lazy.touch([block])
+            eager.touch([eager.get_cached_block(key)])
+            held.append([block.block_id])
+        assert lazy.num_free_blocks == eager.num_free_blocks
+    assert free_ids(lazy) == free_ids(eager)
+    lazy.check_integrity()
+
+
+def test_a_million_block_pool_makes_only_what_it_hands_out():
+    pool = BlockPool(1_000_000)
+    assert pool.num_free_blocks == 1_000_000 and pool.blocks == []
+    blocks = pool.get_new_blocks(3)
+    assert [b.block_id for b in blocks] == [0, 1, 2] and len(pool.blocks) == 3
+    pool.free_blocks(blocks)
+    assert [b.block_id for b in pool.get_new_blocks(4)] == [2, 1, 0, 3]
+    assert pool.num_free_blocks == 1_000_000 - 4

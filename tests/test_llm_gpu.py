@@ -102,9 +102,9 @@ def test_swap_preemption_matches_recompute_on_cuda(tmp_path):
 
 
 def test_a_sampled_run_meets_no_kernel_that_start_up_did_not(tmp_path):
-    """Graph capture and the sampler's warm-up meet every Triton kernel a plain sampled run
-    uses, so its first `generate` compiles nothing and loads nothing from Triton's disk cache (a
-    job's first sampled step waited 0.28 s for the sampler's kernels: job-vs-engine-h200.md)."""
+    """Graph capture (`capture_graphs`) and the sampler's warm-up meet every Triton kernel a
+    plain sampled run uses, so its first `generate` compiles nothing and loads nothing from
+    Triton's disk cache (a job's first sampled step waited 0.28 s for the sampler's kernels)."""
     import triton
 
     from pagedctl.kernels.triton_sample import _chunk_stats, _pick
@@ -113,6 +113,7 @@ def test_a_sampled_run_meets_no_kernel_that_start_up_did_not(tmp_path):
     for fn in (_chunk_stats, _pick):  # as in a fresh process, whatever ran before this test
         fn.device_caches.clear()
     llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", num_blocks=64, block_size=16)
+    assert llm.capture_graphs() > 0  # otherwise each is captured (and compiled) on first use
     misses = []
 
     def on_miss(*, key, repr, fn, compile, is_manual_warmup, already_compiled):

@@ -21,7 +21,10 @@ from transformers import (
 )
 
 from pagedctl.engine.kv_sizing import KVLayout
+from pagedctl.engine.model_config import ModelConfig
 from pagedctl.engine.model_source import resolve_model
+from pagedctl.engine.models import model_spec
+from pagedctl.engine.models.layers import RopeConfig
 from pagedctl.engine.weights import (
     ModelNotFoundError,
     PickleCheckpointError,
@@ -94,7 +97,7 @@ def test_folder_yields_hf_names_shapes_and_values(
         folder,
         None,
     )
-    assert type(source.hf_config) is CONFIGS[kind]
+    assert type(source.hf_config.to_transformers()) is CONFIGS[kind]
     weights = dict(iter_weights(source))
     state = model.state_dict()
     if model.config.tie_word_embeddings:
@@ -165,14 +168,7 @@ def test_presets_resolve_to_dummy_with_published_shapes(name: str) -> None:
 
 def test_preset_rope_and_special_ids() -> None:
     llama = resolve_model("llama-3.2-1b").hf_config
-    assert llama.rope_parameters == {
-        "rope_type": "llama3",
-        "rope_theta": 500000.0,
-        "factor": 32.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    }
+    assert model_spec(llama).rope == RopeConfig("llama3", 500000.0, 32.0, 1.0, 4.0, 8192)
     assert (llama.bos_token_id, llama.eos_token_id, llama.max_position_embeddings) == (
         128000,
         128001,
@@ -180,7 +176,7 @@ def test_preset_rope_and_special_ids() -> None:
     )
     qwen3 = resolve_model("qwen3-0.6b").hf_config
     assert (
-        qwen3.rope_parameters["rope_theta"],
+        model_spec(qwen3).rope.theta,
         qwen3.rms_norm_eps,
         qwen3.max_position_embeddings,
     ) == (
@@ -190,7 +186,7 @@ def test_preset_rope_and_special_ids() -> None:
     )
     smol = resolve_model("smollm2-135m-instruct").hf_config
     assert (smol.bos_token_id, smol.eos_token_id, smol.pad_token_id) == (1, 2, 2)
-    assert smol.rope_parameters["rope_theta"] == 100000
+    assert model_spec(smol).rope.theta == 100000
 
 
 def test_user_presets_and_json_files(tmp_path: Path) -> None:
@@ -319,3 +315,46 @@ def test_cli_models_list(tmp_path: Path) -> None:
     ]
     row = next(line for line in lines if "org/tiny-qwen3" in line)
     assert "HF cache" in row and "Qwen3ForCausalLM" in row
+
+
+def _reads(cfg) -> tuple:
+    """Everything the engine reads from a config: the model's spec, weight shapes, the special
+    ids and the context length."""
+    ids = tuple(getattr(cfg, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id"))
+    return (model_spec(cfg), expected_weight_shapes(cfg), ids, cfg.max_position_embeddings)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_model_config_reads_as_transformers_does(name: str) -> None:
+    """The engine's own config reader agrees with transformers' config on every preset, and
+    with fields dropped from config.json (each family's defaults)."""
+    import random
+
+    raw = ModelConfig.from_file(resolve_model.__globals__["list_presets"]()[name]).to_dict()
+    optional = [k for k in raw if k not in ("model_type", "architectures")]
+    rng = random.Random(name)
+    for trial in range(12):
+        dropped = rng.sample(optional, k=rng.randint(0, len(optional))) if trial else []
+        if "hidden_size" in dropped or "num_attention_heads" in dropped:  # head_dim must divide
+            dropped = [k for k in dropped if k not in ("hidden_size", "head_dim")]
+        kept = {k: v for k, v in raw.items() if k not in dropped}
+        ours = ModelConfig(kept)
+        try:
+            theirs = ours.to_transformers()
+        except (ValueError, KeyError):  # a combination transformers itself refuses
+            continue
+        assert _reads(ours) == _reads(theirs), sorted(dropped)
+
+
+def test_a_preset_job_does_not_import_transformers(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pagedctl.engine import LLM; "
+        "llm = LLM('tiny-llama', load_format='dummy', device='cpu', num_gpu_blocks_override=64); "
+        "print(llm.generate([{'prompt_token_ids': [1, 2, 3]}])[0].outputs[0].token_ids[:1]); "
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "False", out.stdout

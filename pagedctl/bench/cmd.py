@@ -102,6 +102,8 @@ def bench_recipe(
     console.print(bench_report.rich_table(doc), width=max(console.width, 110))
     for line in bench_report.config_lines(doc):
         console.print(line, highlight=False)
+    if doc.get("floor"):
+        console.print(bench_report.floor_line(doc["floor"]), highlight=False)
     for path in bench_report.write_outputs(doc, out, output_json, spec.name):
         console.print(f"wrote {path}")
     if any(r["status"] in ("error", "mismatch") for r in doc["sides"]):

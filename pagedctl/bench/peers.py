@@ -16,7 +16,6 @@ check them against what was asked; padded batches count only each request's own 
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
 from dataclasses import dataclass, field
@@ -85,6 +84,7 @@ def run_pagedctl(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
 
     t0 = time.perf_counter()
     llm = LLM(config=recipe.config)
+    llm.capture_graphs()  # every bucket the timed run may meet, outside it
     warm = SamplingParams(temperature=wl.temperature, max_tokens=4, ignore_eos=True)
     llm.generate([list(range(1, 9))] * 2, warm)
     setup = time.perf_counter() - t0
@@ -139,7 +139,7 @@ def _hf_model(recipe: BenchRecipe, device: torch.device, dtype: torch.dtype, att
     if source.weights_dir is None:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(
-                copy.deepcopy(source.hf_config), dtype=dtype, attn_implementation=attn
+                source.hf_config.to_transformers(), dtype=dtype, attn_implementation=attn
             )
     else:
         model = AutoModelForCausalLM.from_pretrained(

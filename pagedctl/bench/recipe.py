@@ -5,6 +5,8 @@ The workload is nano-bench, the throughput benchmark nano-vllm made common: `num
 prompts of random token ids drawn from `token_ids` (half-open), prompt lengths and `max_tokens`
 uniform in the closed ranges `prompt_len` and `output_len`, all from one `random.Random(seed)`;
 EOS is ignored on every side, so each request produces exactly its `max_tokens`.
+A long tail: `long_fraction` of the requests (chosen by the same generator, after the rest is
+drawn) take `max_tokens` uniform in `long_output_len` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from pagedctl.recipe_file import RecipeError, read_recipe
 
 PEERS = ("hf-generate", "hf-static", "hf-continuous")
 TOP_KEYS = ("name", "engine", "workload", "peers")  # and any engine setting, e.g. model
-WORKLOAD_KEYS = ("num_requests", "prompt_len", "output_len", "token_ids", "seed", "temperature")
+WORKLOAD_KEYS = (
+    "num_requests",
+    "prompt_len",
+    "output_len",
+    "token_ids",
+    "seed",
+    "temperature",
+    "long_fraction",
+    "long_output_len",
+)
 PEER_KEYS = {
     "hf-generate": ("batch_size", "attn_implementation"),
     "hf-static": ("batch_size", "attn_implementation", "compile", "warmup_new_tokens"),
@@ -45,6 +56,8 @@ class WorkloadSpec:
     token_ids: tuple[int, int] = (0, 10000)
     seed: int = 0
     temperature: float = 0.6
+    long_fraction: float = 0.0
+    long_output_len: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,10 @@ def make_workload(spec: WorkloadSpec) -> Workload:
         for _ in range(spec.num_requests)
     ]
     max_tokens = [rng.randint(*spec.output_len) for _ in range(spec.num_requests)]
+    if spec.long_fraction and spec.long_output_len:
+        chosen = rng.sample(range(spec.num_requests), round(spec.long_fraction * spec.num_requests))
+        for i in sorted(chosen):
+            max_tokens[i] = rng.randint(*spec.long_output_len)
     return Workload(prompts, max_tokens, spec.temperature)
 
 
@@ -168,7 +185,23 @@ def _workload(path: Path, w: dict) -> WorkloadSpec:
     temperature = w.get("temperature", d.temperature)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise RecipeError(f"recipe {path}: workload temperature must be >= 0, got {temperature!r}")
+    fraction = w.get("long_fraction", d.long_fraction)
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not 0 <= fraction <= 1
+    ):
+        raise RecipeError(
+            f"recipe {path}: workload long_fraction must be in [0, 1], got {fraction!r}"
+        )
+    long_len = w.get("long_output_len")
+    if long_len is not None:
+        long_len = _range(path, "long_output_len", long_len, 1)
+    if fraction and long_len is None:
+        raise RecipeError(f"recipe {path}: workload long_fraction needs long_output_len")
     return WorkloadSpec(
+        long_fraction=float(fraction),
+        long_output_len=long_len,
         num_requests=_int(path, "num_requests", w.get("num_requests", d.num_requests), 1),
         prompt_len=_range(path, "prompt_len", w.get("prompt_len", d.prompt_len), 1),
         output_len=_range(path, "output_len", w.get("output_len", d.output_len), 1),

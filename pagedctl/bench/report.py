@@ -41,6 +41,13 @@ COLUMNS = (
 )
 
 
+FLOOR_NOTE = (
+    "every request admitted at once; prefill arithmetic at the matmul rate, then each decode step "
+    "streaming the weights and the live KV once (or its arithmetic, if longer), measured in this "
+    "run (pagedctl.bench.floor)"
+)
+
+
 def check_runnable(recipe: BenchRecipe) -> None:
     """Fail early, with the engine's own message, on a model, device or dtype that cannot run."""
     from pagedctl.engine import resolve_model
@@ -86,6 +93,15 @@ def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None])
     for row in rows[1:]:
         if base and _output_rate(row):
             row["pagedctl_speedup"] = round(base / _output_rate(row), 2)
+    floor = None
+    if device.type == "cuda" and _device_usable(device):
+        from pagedctl.bench.floor import floor_of
+
+        log("floor: measuring the card's bandwidth and matmul rate ...")
+        floor = floor_of(recipe, wl)
+        if rows[0]["status"] != "error":
+            floor["pagedctl_over_floor"] = round(rows[0]["wall_s"] / floor["floor_s"], 3)
+        log(floor_line(floor))
     w = recipe.workload
     return {
         "benchmark": f"pagedctl bench: {recipe.name}",
@@ -93,6 +109,11 @@ def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None])
             "num_requests": w.num_requests,
             "prompt_len": list(w.prompt_len),
             "output_len": list(w.output_len),
+            **(
+                {"long_fraction": w.long_fraction, "long_output_len": list(w.long_output_len)}
+                if w.long_fraction and w.long_output_len
+                else {}
+            ),
             "token_ids_half_open": list(w.token_ids),
             "seed": w.seed,
             "temperature": w.temperature,
@@ -101,6 +122,7 @@ def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None])
             "requested_output_tokens": wl.output_tokens,
         },
         "sides": rows,
+        "floor": floor,
         "ratios_output_tok_s": {
             r["side"]: r["pagedctl_speedup"] for r in rows[1:] if "pagedctl_speedup" in r
         },
@@ -187,6 +209,18 @@ def _progress_line(row: dict) -> str:
     )
 
 
+def floor_line(floor: dict) -> str:
+    card = floor["card"]
+    line = (
+        f"floor: {floor['floor_s']:.3f} s (prefill {floor['prefill_s']:.3f} s, "
+        f"{floor['decode_steps']:,} decode steps {floor['decode_s']:.3f} s) at "
+        f"{card['copy_bandwidth_GBps']:,.0f} GB/s and {card['matmul_TFLOPs']:,.0f} TFLOP/s"
+    )
+    if "pagedctl_over_floor" in floor:
+        line += f"; pagedctl takes {floor['pagedctl_over_floor']:.2f}x the floor"
+    return line
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
@@ -260,8 +294,13 @@ def markdown(doc: dict) -> str:
         f"pagedctl {env.get('commit')}, {env.get('date')}.",
         "",
         f"Workload: {w['num_requests']} requests, prompt lengths uniform in {w['prompt_len']} "
-        f"({w['prompt_tokens']:,} tokens), max_tokens uniform in {w['output_len']} "
-        f"({w['requested_output_tokens']:,} asked), token ids in [{w['token_ids_half_open'][0]}, "
+        f"({w['prompt_tokens']:,} tokens), max_tokens uniform in {w['output_len']}"
+        + (
+            f" ({w['long_fraction']:.0%} of the requests in {w['long_output_len']} instead) "
+            if w.get("long_fraction")
+            else " "
+        )
+        + f"({w['requested_output_tokens']:,} asked), token ids in [{w['token_ids_half_open'][0]}, "
         f"{w['token_ids_half_open'][1]}), seed {w['seed']}, temperature {w['temperature']}, EOS "
         "ignored on every side. Output tok/s counts only the tokens each request asked for; "
         "wall time is the measured pass, set-up apart.",
@@ -271,6 +310,7 @@ def markdown(doc: dict) -> str:
         *("| " + " | ".join(row) + " |" for row in table_rows(doc)),
         "",
         *(f"- {line}" for line in config_lines(doc)),
+        *([f"- {floor_line(doc['floor'])}: {FLOOR_NOTE}"] if doc.get("floor") else []),
         "",
     ]
     return "\n".join(lines)

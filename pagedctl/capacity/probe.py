@@ -110,6 +110,8 @@ def probe_engine(
 
 
 def _memory_of(llm) -> dict:
+    if hasattr(llm, "capture_graphs"):  # the graphs' pool counts as a running engine's would
+        llm.capture_graphs()
     memory = getattr(llm, "memory", None)
     if not isinstance(memory, dict):
         raise ProbeError("this engine.LLM does not report `memory`; update pagedctl")

@@ -324,6 +324,20 @@ def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
                 f"{swap['fallbacks_to_recompute']:,}",
             ),
         )
+    if startup := summary.get("startup"):
+        rows.insert(3, ("start-up", startup_line(startup)))
     for name, value in rows:
         table.add_row(name, Text(value))  # verbatim: a path may hold "[/b]"
     Console().print(table)
+
+
+def startup_line(startup: dict) -> str:
+    """`12.3 s: import 3.1, load 1.0, ... (compile 4.2 s, 21 kernels)` of a summary's phases."""
+    phases = [(k.removesuffix("_s"), v) for k, v in startup.items() if k.endswith("_s")]
+    phases = [(k, v) for k, v in phases if k not in ("engine", "compile")]
+    total = sum(v for _, v in phases)
+    phases = [(k, v) for k, v in phases if v >= 0.05] or phases[:1]  # the ones that cost
+    line = f"{total:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in phases)
+    if startup.get("kernels_compiled"):
+        line += f" (kernel JIT {startup['compile_s']:.1f} s, {startup['kernels_compiled']} kernels)"
+    return line

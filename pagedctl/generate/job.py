@@ -447,6 +447,7 @@ class GenerateJob:
             **beam_summary(stats["beam_search"]),
             **swap_summary(stats["swap"], memory),
             **scaled,
+            **({} if self.s.replicas is not None else {"startup": snaps[0].get("startup")}),
             "output": str(self.out_path),
             "errors": str(self.err_path),
             "interrupted_by": signal.Signals(self.stop_signal).name if self.stop_signal else None,

@@ -163,6 +163,7 @@ def run_point(llm, point: Point, settings: dict, mode: str, recipe: SweepRecipe,
         }
         workload = build_workload(point.workload, llm.model.vocab_size, cache)
         if recipe.warmup != "off":
+            llm.capture_graphs()  # every step graph, outside the timed runs
             _prime(llm, workload)
             short = recipe.warmup == "short"
             run_once(llm, workload.warmup() if short else workload.requests, mode)
