@@ -11,7 +11,8 @@ Phases, in the order `LLM` runs them:
 - `calibrate`: timing a swap and a prefill for `auto` preemption.
 
 `compile_s` is the time spent in Triton's JIT (compiling a kernel, or loading it from Triton's
-disk cache) inside those phases; it overlaps them.
+disk cache) inside those phases; it overlaps them. `kernels_compiled` counts the variants (one
+per set of compile-time constants), `compile_by_kernel_s` the five costliest kernels.
 """
 
 from __future__ import annotations
@@ -76,4 +77,6 @@ class StartupClock:
         out["engine_s"] = round(sum(self.phases.values()), 3)
         out["compile_s"] = round(self.jit.seconds, 3)
         out["kernels_compiled"] = self.jit.count
+        slowest = sorted(self.jit.by_kernel.items(), key=lambda kv: -kv[1])[:5]
+        out["compile_by_kernel_s"] = {name: round(s, 3) for name, s in slowest}
         return out

@@ -68,6 +68,7 @@ class JitClock:
         self.enabled = enabled
         self.seconds = 0.0
         self.count = 0
+        self.by_kernel: dict[str, float] = {}  # kernel name -> seconds, over its variants
         self._depth = 0
         self._saved: tuple = ()
         self._started: list[float] = []
@@ -100,8 +101,11 @@ class JitClock:
 
         def on_compiled(**kwargs):
             if self._started:
-                self.seconds += time.perf_counter() - self._started.pop()
+                took = time.perf_counter() - self._started.pop()
+                self.seconds += took
                 self.count += 1
+                name = getattr(kwargs.get("fn"), "name", "?")
+                self.by_kernel[name] = self.by_kernel.get(name, 0.0) + took
             return after(**kwargs) if after else False
 
         runtime.jit_cache_hook, runtime.jit_post_compile_hook = on_miss, on_compiled

@@ -67,6 +67,18 @@ def test_both_formats_chat_and_completions(tmp_path):
     assert len(bodies["n2"]["choices"]) == 2
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ok"] == 6 and summary["failed"] == 0
+    startup = summary["startup"]  # where the time before the first step went
+    assert {"import_s", "load_s", "pool_s", "capture_s", "engine_s"} <= startup.keys()
+    assert startup["load_s"] > 0 and startup["import_s"] > startup["load_s"] / 100
+    assert startup["engine_s"] == pytest.approx(
+        sum(
+            v
+            for k, v in startup.items()
+            if k.endswith("_s")
+            and k.split("_")[0] in ("load", "profile", "pool", "capture", "calibrate")
+        ),
+        abs=0.01,
+    )
     # The same seed gives the same samples in another run with another batch around it.
     src2 = write_jsonl(tmp_path / "again.jsonl", [rows[5], rows[0]])
     assert run(src2, *FAST).returncode == 0

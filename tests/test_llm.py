@@ -344,3 +344,33 @@ def test_multi_step_decode_matches_single_steps(llama_folder, block_size):
         if k > 1:
             assert llm.runner.step_counts["decode"] > 0
     assert runs[5] == runs[1]
+
+
+def test_jit_clock_counts_chains_and_restores_tritons_hooks():
+    """The start-up clock's view of Triton's JIT: the hooks Triton calls around a compile are
+    counted per kernel, hooks set before are still called, and leaving restores them."""
+    triton = pytest.importorskip("triton")
+    from pagedctl.kernels import JitClock
+
+    runtime = triton.knobs.runtime
+    original = (runtime.jit_cache_hook, runtime.jit_post_compile_hook)
+    calls = []
+    runtime.jit_cache_hook = lambda **kw: calls.append("before") or False
+    runtime.jit_post_compile_hook = lambda **kw: calls.append("after") or False
+    theirs = (runtime.jit_cache_hook, runtime.jit_post_compile_hook)
+    fn = type("Fn", (), {"name": "_attn_fwd"})()
+    clock = JitClock()
+    try:
+        with clock, clock:  # nested: installed once
+            assert runtime.jit_cache_hook is not theirs[0]
+            for _ in range(2):
+                assert runtime.jit_cache_hook(fn=fn, key=1) is False  # compile as usual
+                runtime.jit_post_compile_hook(fn=fn, key=1)
+        assert (runtime.jit_cache_hook, runtime.jit_post_compile_hook) == theirs
+        assert clock.count == 2 and clock.by_kernel.keys() == {"_attn_fwd"}
+        assert clock.seconds == pytest.approx(clock.by_kernel["_attn_fwd"]) and clock.seconds >= 0
+        assert calls == ["before", "after"] * 2
+        with JitClock(enabled=False):
+            assert runtime.jit_cache_hook is theirs[0]
+    finally:
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = original

@@ -332,12 +332,20 @@ def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
 
 
 def startup_line(startup: dict) -> str:
-    """`12.3 s: import 3.1, load 1.0, ... (compile 4.2 s, 21 kernels)` of a summary's phases."""
-    phases = [(k.removesuffix("_s"), v) for k, v in startup.items() if k.endswith("_s")]
+    """`12.3 s: import 3.1, load 1.0, ... (kernel JIT 4.2 s, 21 kernel variants)`: a summary's
+    start-up phases, those under 0.05 s left out."""
+    phases = [
+        (k.removesuffix("_s"), v)
+        for k, v in startup.items()
+        if k.endswith("_s") and isinstance(v, int | float)
+    ]
     phases = [(k, v) for k, v in phases if k not in ("engine", "compile")]
     total = sum(v for _, v in phases)
     phases = [(k, v) for k, v in phases if v >= 0.05] or phases[:1]  # the ones that cost
     line = f"{total:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in phases)
     if startup.get("kernels_compiled"):
-        line += f" (kernel JIT {startup['compile_s']:.1f} s, {startup['kernels_compiled']} kernels)"
+        line += (
+            f" (kernel JIT {startup['compile_s']:.1f} s, "
+            f"{startup['kernels_compiled']} kernel variants)"
+        )
     return line
