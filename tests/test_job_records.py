@@ -237,3 +237,19 @@ def test_dumps_is_one_compact_line() -> None:
     assert json.loads(line) == tricky
     with pytest.raises(ValueError):
         dumps({"x": math.nan})
+
+
+def test_progress_figures_are_gathered_only_when_they_would_show(capsys):
+    """A job asks `due()` before it gathers the engine's figures for a progress line: once per
+    interval in a log, never when quiet (a million short requests must not gather them each)."""
+    from pagedctl.generate.progress import Reporter
+
+    quiet = Reporter(10, quiet=True, log_format="text")
+    assert not quiet.due()
+    log = Reporter(10, quiet=False, log_format="json", interval_s=3600)
+    assert log.due()  # the first finished request gets a line
+    log.update(1, ok=1)
+    assert not log.due()
+    log._last -= 3600
+    assert log.due()
+    assert capsys.readouterr().err.count('"event": "progress"') == 1

@@ -200,7 +200,9 @@ class GenerateJob:
             scaled = {"max_requests": total} if self.s.replicas is not None else {}
             for out in llm.stream(self._feed(store, limits), should_stop=self._stopping, **scaled):
                 self._record(store, out)
-                self._progress(llm, t0)
+                if self.report.due():
+                    self._progress(llm, t0)
+            self._progress(llm, t0)  # the bar's last figures (a log line only if one is due)
             self._write_held(store)  # fewer than ENGINE_BROKEN_AFTER: failures of their own
             failed = False
         except InputError as e:  # a compressed input damaged part way: what came before is kept

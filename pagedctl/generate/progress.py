@@ -13,6 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+BAR_S = 0.1  # the terminal bar's figures are gathered at most this often
+
 
 class Reporter:
     """Progress and log events of one job."""
@@ -48,9 +50,19 @@ class Reporter:
             # verbatim: no markup (a path may hold "[/b]"), no wrapping into a cron log
             print(f"{level}: {event} {detail}".rstrip(), file=sys.stderr, flush=True)
 
+    def due(self) -> bool:
+        """Whether an `update` now would show anything: the bar redraws at most `BAR_S` apart,
+        log lines come every `interval_s`, a quiet job shows none. A job asks before it gathers
+        the figures, so a million short requests do not gather them a million times."""
+        if self._bar is None and self.quiet:
+            return False
+        wait = BAR_S if self._bar is not None else self.interval_s
+        return time.monotonic() - self._last >= wait
+
     def update(self, done: int, **stats: Any) -> None:
         """Called as requests finish; the bar redraws, log lines come every `interval_s`."""
         if self._bar is not None:
+            self._last = time.monotonic()
             swapped = f"  swapped {stats['swapped']}" if "swapped" in stats else ""
             detail = (
                 f"{stats['out_tok_s']:.0f} tok/s  running {stats['running']}  waiting "
