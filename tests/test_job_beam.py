@@ -13,10 +13,11 @@ import pytest
 from pagedctl.engine import LLM, BeamSearchParams, SamplingParams
 from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagedctl.generate.cmd import _print_summary
-from pagedctl.generate.job import GenerateJob, beam_summary, exit_code_for
+from pagedctl.generate.job import GenerateJob, exit_code_for
 from pagedctl.generate.reader import JobRequest, LineError, ReaderLimits, read_requests
 from pagedctl.generate.recipe import JobSettings
 from pagedctl.generate.records import dumps, ok_record
+from pagedctl.generate.summary import beam_summary
 from pagedctl.generate.validate import FieldError, engine_params
 from pagedctl.models.bundled import engine_settings
 from tests.job_utils import by_id, check_ok_line, read_jsonl, write_jsonl
