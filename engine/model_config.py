@@ -83,6 +83,10 @@ class ModelConfig:
             return self.num_attention_heads  # Llama: as many KV heads as query heads
         if name == "head_dim" and defaults.get(name) is None:
             return self.hidden_size // self.num_attention_heads
+        if name == "rope_parameters":  # transformers 5's one dict of rope_theta and rope_scaling
+            params = dict(self.rope_scaling or {})
+            params["rope_type"] = params.pop("type", None) or params.get("rope_type", "default")
+            return {**params, "rope_theta": float(self.rope_theta)}
         if name in defaults:
             return defaults[name]
         raise AttributeError(f"the model's config has no {name!r}")

@@ -321,7 +321,8 @@ def _reads(cfg) -> tuple:
     """Everything the engine reads from a config: the model's spec, weight shapes, the special
     ids and the context length."""
     ids = tuple(getattr(cfg, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id"))
-    return (model_spec(cfg), expected_weight_shapes(cfg), ids, cfg.max_position_embeddings)
+    rope = {k: v for k, v in cfg.rope_parameters.items() if v is not None}
+    return (model_spec(cfg), expected_weight_shapes(cfg), ids, cfg.max_position_embeddings, rope)
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
