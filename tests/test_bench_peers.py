@@ -94,7 +94,7 @@ def test_nano_bench_workload_is_deterministic_and_in_range():
         ("workload: {token_ids: [7, 7]}\n", "token_ids must be [low, high]"),
         ("workload: {num_requests: 2.5}\n", "num_requests must be an integer"),
         ("workload: {temperature: -1}\n", "temperature must be >= 0"),
-        ("peers: {vllm: {}}\n", "unknown peers keys ['vllm']"),
+        ("peers: {sglang: {}}\n", "unknown peers keys ['sglang']"),
         ("peers: {hf-generate: {page_size: 16}}\n", "unknown peer hf-generate keys"),
         ("peers: [hf-generate]\n", "'peers' must map peer names"),
         ("- 1\n", "must be a mapping"),
@@ -109,7 +109,8 @@ def test_bad_recipes_say_what_is_wrong(tmp_path, text, message):
 def test_parse_peers():
     assert parse_peers("hf-static,hf-generate,hf-static") == ["hf-static", "hf-generate"]
     assert parse_peers("none") == []
-    for bad in ("vllm", "", "hf-generate,sglang"):
+    assert parse_peers("vllm,hf-static") == ["vllm", "hf-static"]
+    for bad in ("sglang", "", "hf-generate,sglang"):
         with pytest.raises(RecipeError, match="choose from hf-generate, hf-static"):
             parse_peers(bad)
 
@@ -182,7 +183,7 @@ def test_no_arguments_print_help_and_subcommands_still_work():
     ("args", "message"),
     [
         (("--recipe", "no/such.yaml"), "no recipe 'no/such.yaml'"),
-        (("--recipe", RECIPES / "nano-bench-cpu.yaml", "--peer", "vllm"), "unknown peer"),
+        (("--recipe", RECIPES / "nano-bench-cpu.yaml", "--peer", "sglang"), "unknown peer"),
         (("--recipe", RECIPES / "nano-bench-cpu.yaml", "scheduler"), "give no subcommand"),
         (("--preemption-mode", "bogus"), "give --recipe"),  # a flag alone is never ignored
         (("--block-size", "32"), "give --recipe"),

@@ -119,8 +119,33 @@ def run_pagedctl(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "recomputed_tokens": after["num_recomputed_tokens"] - before["num_recomputed_tokens"],
         "steps": after["num_steps"] - before["num_steps"],
+        "_tokens": [o.outputs[0].token_ids if o.ok else None for o in outs],
     }
     return SideRun(config, setup, wall, counts, sum(c or 0 for c in counts), extra)
+
+
+# ---------------------------------------------------------------------------------- vLLM
+
+
+def run_vllm(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
+    """vLLM in its own process (`bench.vllm_peer`): loaded and warmed up (not timed), then one
+    timed `generate` of the workload."""
+    from pagedctl.bench.vllm_peer import VLLMProcess
+    from pagedctl.engine import resolve_model
+    from pagedctl.engine.device import resolve_device, resolve_dtype
+
+    source = resolve_model(recipe.model, recipe.load_format)
+    dtype = resolve_dtype(recipe.dtype, resolve_device(recipe.device))
+    longest = max(len(p) + m for p, m in zip(wl.prompts, wl.max_tokens, strict=True))
+    name = str(dtype).removeprefix("torch.")
+    with VLLMProcess(source, name, recipe.seed, settings, max_model_len=longest) as peer:
+        tokens, wall = peer.generate(wl.prompts, wl.max_tokens, wl.temperature, ignore_eos=True)
+        memory = peer.memory
+    counts = [len(t) for t in tokens]
+    extra: dict[str, Any] = {"_tokens": tokens}
+    if memory:
+        extra["_peak_memory"] = memory
+    return SideRun(peer.config, peer.setup_s, wall, counts, sum(counts), extra)
 
 
 # ---------------------------------------------------------------------------- transformers

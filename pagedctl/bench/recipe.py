@@ -19,7 +19,7 @@ from typing import Any
 from pagedctl.engine.config import SETTINGS, ConfigError, EngineConfig, canonical
 from pagedctl.recipe_file import RecipeError, read_recipe
 
-PEERS = ("hf-generate", "hf-static", "hf-continuous")
+PEERS = ("hf-generate", "hf-static", "hf-continuous", "vllm")
 TOP_KEYS = ("name", "engine", "workload", "peers")  # and any engine setting, e.g. model
 WORKLOAD_KEYS = (
     "num_requests",
@@ -43,6 +43,9 @@ PEER_KEYS = {
         "attn_implementation",
         "time_limit_s",
     ),
+    # python: the interpreter that has vLLM; engine: vllm.LLM keyword arguments; env: variables
+    # of its process (VLLM_CPU_KVCACHE_SPACE, ...); timeout_s: the longest wait for an answer
+    "vllm": ("python", "engine", "env", "timeout_s"),
 }
 
 

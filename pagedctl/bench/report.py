@@ -18,7 +18,14 @@ from rich import box
 from rich.table import Table
 
 from pagedctl.bench.continuous import run_hf_continuous
-from pagedctl.bench.peers import MemoryMeter, SideRun, run_hf_generate, run_hf_static, run_pagedctl
+from pagedctl.bench.peers import (
+    MemoryMeter,
+    SideRun,
+    run_hf_generate,
+    run_hf_static,
+    run_pagedctl,
+    run_vllm,
+)
 from pagedctl.bench.recipe import BenchRecipe, Workload, make_workload
 from pagedctl.engine.kv_sizing import format_bytes
 
@@ -27,6 +34,7 @@ SIDES: dict[str, Callable[[BenchRecipe, Workload, dict], SideRun]] = {
     "hf-generate": run_hf_generate,
     "hf-static": run_hf_static,
     "hf-continuous": run_hf_continuous,
+    "vllm": run_vllm,
 }
 COLUMNS = (
     "side",
@@ -93,6 +101,7 @@ def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None])
     for row in rows[1:]:
         if base and _output_rate(row):
             row["pagedctl_speedup"] = round(base / _output_rate(row), 2)
+    _compare_outputs(rows, wl)
     floor = None
     if device.type == "cuda" and _device_usable(device):
         from pagedctl.bench.floor import floor_of
@@ -129,9 +138,21 @@ def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None])
     }
 
 
+def _compare_outputs(rows: list[dict], wl: Workload) -> None:
+    """Greedy: how many requests got the same tokens as pagedctl's (on the same weights; a side
+    with weights of its own, such as vLLM's dummy ones, differs by construction)."""
+    ours = rows[0].pop("_tokens", None)
+    for row in rows[1:]:
+        theirs = row.pop("_tokens", None)
+        if wl.temperature == 0 and ours is not None and theirs is not None:
+            pairs = zip(ours, theirs, strict=True)
+            same = sum(a is not None and list(a) == list(b) for a, b in pairs)
+            row["same_outputs_as_pagedctl"] = f"{same}/{len(ours)}"
+
+
 def _output_rate(row: dict) -> float:
     """Output tok/s before rounding (0 when the side has none)."""
-    if row["status"] == "error" or not row["output_tokens"]:
+    if row["status"] in ("error", "unavailable") or not row["output_tokens"]:
         return 0.0
     return row["output_tokens"] / row["wall_s"]
 
@@ -154,10 +175,14 @@ def measure_side(
     name: str, recipe: BenchRecipe, wl: Workload, settings: dict, device: torch.device
 ) -> dict:
     """One side under a memory meter; an exception becomes a row with the error."""
+    from pagedctl.bench.vllm_peer import PeerUnavailable
+
     meter = MemoryMeter(device)
     try:
         with meter:
             run = SIDES[name](recipe, wl, settings)
+    except PeerUnavailable as e:  # not installed here: said plainly, not a failure of the run
+        return {"side": name, "status": "unavailable", "error": str(e)}
     except Exception as e:
         return {
             "side": name,
@@ -193,16 +218,21 @@ def _row(name: str, run: SideRun, wl: Workload, meter: MemoryMeter) -> dict:
         "peak_memory_bytes": meter.peak,
         "peak_memory_kind": meter.kind,
         "memory_before_bytes": meter.base,  # left over from earlier sides (CUDA) or RSS (CPU)
-        **run.extra,
+        **{k: v for k, v in run.extra.items() if not k.startswith("_")},
     }
+    if "_peak_memory" in run.extra:  # a side in a process of its own measures itself
+        row["peak_memory_bytes"] = run.extra["_peak_memory"]["bytes"]
+        row["peak_memory_kind"] = run.extra["_peak_memory"]["kind"]
+    if "_tokens" in run.extra:
+        row["_tokens"] = run.extra["_tokens"]  # compared with pagedctl's, then dropped
     if wrong:
         row["mismatches"] = {"count": len(wrong), "first": wrong[:5]}
     return row
 
 
 def _progress_line(row: dict) -> str:
-    if row["status"] == "error":
-        return f"{row['side']}: error: {_first_line(row['error'])}"
+    if row["status"] in ("error", "unavailable"):
+        return f"{row['side']}: {row['status']}: {_first_line(row['error'])}"
     return (
         f"{row['side']}: {row['status']}, {row['output_tokens']:,} output tokens in "
         f"{row['wall_s']:.2f} s = {row['output_tok_s']:,.1f} tok/s (set-up {row['setup_s']:.1f} s)"
@@ -229,8 +259,8 @@ def table_rows(doc: dict) -> list[list[str]]:
     """The result table as strings, one list per side (columns: COLUMNS)."""
     rows = []
     for r in doc["sides"]:
-        if r["status"] == "error":
-            rows.append([r["side"], "error", *["-"] * (len(COLUMNS) - 2)])
+        if r["status"] in ("error", "unavailable"):
+            rows.append([r["side"], r["status"], *["-"] * (len(COLUMNS) - 2)])
             continue
         speedup = r.get("pagedctl_speedup")
         rows.append(
@@ -253,8 +283,9 @@ def config_lines(doc: dict) -> list[str]:
     """One line per side: its configuration, set-up time and error, if any."""
     lines = []
     for r in doc["sides"]:
-        if r["status"] == "error":
-            lines.append(f"{r['side']}: ERROR {_first_line(r['error'])}")
+        if r["status"] in ("error", "unavailable"):
+            word = "ERROR" if r["status"] == "error" else "not run:"
+            lines.append(f"{r['side']}: {word} {_first_line(r['error'])}")
             continue
         cfg = ", ".join(f"{k} {v}" for k, v in r["config"].items())
         extra = f"; set-up {r['setup_s']:.1f} s (not timed)"
@@ -262,6 +293,8 @@ def config_lines(doc: dict) -> list[str]:
             extra += f"; {r['computed_output_tokens']:,} output positions computed"
         if "mismatches" in r:
             extra += f"; MISMATCH (request, got, asked): {r['mismatches']['first']}"
+        if "same_outputs_as_pagedctl" in r:
+            extra += f"; the same greedy tokens as pagedctl: {r['same_outputs_as_pagedctl']}"
         if r["status"] == "partial":
             extra += f"; only {r['requests_finished']}/{r['requests']} requests finished"
         lines.append(f"{r['side']}: {cfg}{extra}")
