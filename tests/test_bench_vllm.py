@@ -144,6 +144,46 @@ def test_bad_peer_settings_are_refused(tmp_path: Path) -> None:
         load_bench_recipe(recipe)
 
 
+def test_the_chat_bench_alternates_a_third_side(fake_vllm, tmp_path: Path) -> None:
+    """`pagedctl bench transformers --peer vllm`: the bundled model's folder (weights and
+    tokenizer) goes to vLLM, and each repeat times all three sides."""
+    from pagedctl.bench import transformers as bt
+
+    lines = [
+        {"custom_id": "a", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
+        {
+            "custom_id": "b",
+            "messages": [{"role": "user", "content": "Name a sea."}],
+            "max_tokens": 4,
+        },
+    ]
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = bt.run(prompts, device="cpu", hf_batch_size=2, repeats=2, vllm=fake_vllm)
+    side = result["vllm"]
+    assert len(side["wall_s_all"]) == 2 and side["output_tokens"] == 7  # never stops at EOS
+    assert side["version"] == "0.0.0+stand-in" and side["load_format"] == "auto"
+    assert side["tokenizer"] and not side["skip_tokenizer_init"]
+    ratio = result["engine"]["output_tok_s"] / side["output_tok_s"]
+    assert result["identical_outputs_vllm"] == 0
+    assert result["ratio_vllm_output_tok_s"] == round(ratio, 3)
+    assert result["identical_outputs"] == 2  # engine and transformers, as before
+
+
+def test_the_chat_bench_refuses_a_peer_it_cannot_run(tmp_path: Path) -> None:
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "pagedctl", "bench", "transformers", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    for args, message in (
+        (("--peer", "sglang"), "the one peer here is vllm"),
+        (("--vllm-python", sys.executable), "needs --peer vllm"),
+        (("--peer", "vllm", "--vllm-python", "/nowhere/python"), "not installed for /nowhere"),
+    ):
+        res = bench(*args)
+        assert res.returncode != 0 and message in " ".join((res.stdout + res.stderr).split())
+
+
 @pytest.mark.skipif(vllm_version(sys.executable) is None, reason="vLLM is not installed here")
 def test_real_vllm_runs_the_bundled_model_greedy() -> None:  # pragma: no cover - not in CI
     from pagedctl.models.bundled import bundled_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,6 @@ def bench_recipe(
         raise typer.Exit(0)
     import dataclasses
     import shlex
-    import sys
 
     from pagedctl.bench import recipe as br
     from pagedctl.bench import report as bench_report
@@ -178,6 +178,12 @@ def bench_transformers(
     ),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (both sides)."),
     repeats: int = typer.Option(3, min=1, help="Timed runs of each side (alternating); medians."),
+    peer: str | None = typer.Option(
+        None, "--peer", help="vllm: vLLM as a third side, in its own process."
+    ),
+    vllm_python: Path | None = typer.Option(
+        None, "--vllm-python", help="The interpreter that has vLLM.  [default: this one]"
+    ),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write results as JSON."),
 ) -> None:
     """The engine vs transformers `generate` with padded batches: same prompts, same run.
@@ -188,13 +194,25 @@ def bench_transformers(
     from pagedctl.bench import transformers as bt
     from pagedctl.envinfo import environment
 
-    result = bt.run(prompts, model, device, hf_batch_size, dtype=dtype, repeats=repeats)
+    if peer not in (None, "vllm"):
+        raise typer.BadParameter(f"unknown peer {peer!r}; the one peer here is vllm")
+    if vllm_python is not None and peer is None:
+        raise typer.BadParameter("--vllm-python needs --peer vllm")
+    vllm = None
+    if peer == "vllm":
+        from pagedctl.bench.vllm_peer import not_installed, vllm_version
+
+        vllm = {"python": str(vllm_python)} if vllm_python else {}
+        python = vllm.get("python", sys.executable)
+        if vllm_version(python) is None:  # before any model loads
+            raise typer.BadParameter(not_installed(python))
+    result = bt.run(prompts, model, device, hf_batch_size, dtype=dtype, repeats=repeats, vllm=vllm)
     table = Table(
         title=f"{result['requests']} chat requests, {result['prompt_tokens']} prompt tokens"
     )
     for col in ("side", "wall s (median)", "output tokens", "output tok/s"):
         table.add_column(col, justify="right")
-    for side in ("engine", "transformers"):
+    for side in ("engine", "transformers", *(["vllm"] if vllm is not None else [])):
         r = result[side]
         table.add_row(
             side, f"{r['wall_s']:.2f}", str(r["output_tokens"]), f"{r['output_tok_s']:.1f}"
@@ -204,12 +222,20 @@ def bench_transformers(
         f"ratio (engine / transformers, output tok/s): {result['ratio_output_tok_s']:.2f}x; "
         f"identical outputs: {result['identical_outputs']}/{result['requests']}"
     )
+    if vllm is not None:
+        console.print(
+            f"ratio (engine / vLLM {result['vllm']['version']}): "
+            f"{result['ratio_vllm_output_tok_s']:.2f}x; identical outputs: "
+            f"{result['identical_outputs_vllm']}/{result['requests']}"
+        )
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         cmd = (
             f"pagedctl bench transformers --prompts {prompts} --device {device} "
             + (f"--dtype {dtype} --repeats {repeats} ")
             + (f"--hf-batch-size {hf_batch_size}" + (f" --model {model}" if model else ""))
+            + (" --peer vllm" if vllm is not None else "")
+            + (f" --vllm-python {vllm_python}" if vllm_python else "")
         )
         doc = {
             "benchmark": "engine vs transformers generate (the cron job's chat prompts)",

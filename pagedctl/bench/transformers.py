@@ -1,4 +1,5 @@
-"""The engine against transformers `generate` (padded batches) on one set of chat prompts.
+"""The engine against transformers `generate` (padded batches), and vLLM where it is installed,
+on one set of chat prompts.
 
 Both sides get the same token ids, greedy decoding, each request's own `max_tokens`, and stop at
 EOS. Transformers pads each batch on the left and decodes until its longest request is done; only
@@ -75,8 +76,10 @@ def run(
     max_num_seqs: int = 256,
     dtype: str = "auto",
     repeats: int = 3,
+    vllm: dict | None = None,
 ) -> dict:
-    """Measure both sides in this process, alternating; returns a JSON-ready dict."""
+    """Measure the sides, alternating; returns a JSON-ready dict. With `vllm` (the peer's
+    settings, `bench.vllm_peer`), vLLM is a third side, in its own process."""
     from transformers import AutoModelForCausalLM
 
     requests = load_chat_requests(prompts_path)
@@ -101,12 +104,25 @@ def run(
     }
     _engine_runner(llm, prompts[:2], [4, 4])()  # warm-up
     _transformers_runner(hf, prompts[:2], [4, 4], set(), 2)()
-    walls: dict[str, list[float]] = {name: [] for name in sides}
+    peer = None
+    if vllm is not None:
+        from pagedctl.bench.vllm_peer import VLLMProcess
+
+        dtype_name = str(llm.dtype).removeprefix("torch.")
+        peer = VLLMProcess(llm.source, dtype_name, llm.seed, vllm)
+    walls: dict[str, list[float]] = {name: [] for name in [*sides, *(["vllm"] if peer else [])]}
     tokens: dict[str, list[list[int]]] = {}
-    for _ in range(repeats):
-        for name, fn in sides.items():
-            wall, tokens[name] = _timed(fn)
-            walls[name].append(wall)
+    try:
+        for _ in range(repeats):
+            for name, fn in sides.items():
+                wall, tokens[name] = _timed(fn)
+                walls[name].append(wall)
+            if peer is not None:  # timed inside its process, around its own generate
+                tokens["vllm"], wall = peer.generate(prompts, max_tokens, 0.0, ignore_eos=False)
+                walls["vllm"].append(wall)
+    finally:
+        if peer is not None:
+            peer.close()
     result = {
         "requests": len(prompts),
         "prompt_tokens": sum(map(len, prompts)),
@@ -114,7 +130,7 @@ def run(
         "requested_max_tokens": sum(max_tokens),
         "repeats": repeats,
     }
-    for name in sides:
+    for name in walls:
         n = sum(map(len, tokens[name]))
         wall = statistics.median(walls[name])
         result[name] = {
@@ -137,4 +153,12 @@ def run(
     result["identical_outputs"] = sum(
         a == b for a, b in zip(tokens["engine"], tokens["transformers"], strict=True)
     )
+    if peer is not None:
+        result["vllm"].update(peer.config, setup_s=round(peer.setup_s, 1))
+        result["ratio_vllm_output_tok_s"] = round(
+            result["engine"]["output_tok_s"] / result["vllm"]["output_tok_s"], 3
+        )
+        result["identical_outputs_vllm"] = sum(
+            list(a) == list(b) for a, b in zip(tokens["engine"], tokens["vllm"], strict=True)
+        )
     return result
