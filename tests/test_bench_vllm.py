@@ -184,11 +184,24 @@ def test_the_chat_bench_refuses_a_peer_it_cannot_run(tmp_path: Path) -> None:
         assert res.returncode != 0 and message in " ".join((res.stdout + res.stderr).split())
 
 
-@pytest.mark.skipif(vllm_version(sys.executable) is None, reason="vLLM is not installed here")
-def test_real_vllm_runs_the_bundled_model_greedy() -> None:  # pragma: no cover - not in CI
-    from pagedctl.models.bundled import bundled_model
+# Where vLLM lives in an interpreter of its own (it pins its own transformers).
+VLLM_PYTHON = os.environ.get("PAGEDCTL_TEST_VLLM_PYTHON") or sys.executable
 
+
+@pytest.mark.skipif(vllm_version(VLLM_PYTHON) is None, reason="vLLM is not installed here")
+def test_real_vllm_gives_the_engines_greedy_tokens() -> None:  # pragma: no cover - not in CI
+    """The real vLLM on the bundled model, float32: the engine's greedy tokens (as the chat
+    bench found for all 32 of its prompts)."""
+    from pagedctl import bundled_model
+    from pagedctl.engine import LLM, SamplingParams
+
+    prompts = [[1, 504, 3458, 282, 2135], [1, 339, 1173, 314]]
+    llm = LLM(bundled_model(), device="cpu", dtype="float32")
+    ours = [
+        o.outputs[0].token_ids
+        for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12))
+    ]
     source = resolve_model(str(bundled_model()))
-    with VLLMProcess(source, "float32", 0, {}) as peer:
-        tokens, _ = peer.generate([[1, 504, 3458, 282]], [8], 0.0, ignore_eos=True)
-    assert len(tokens[0]) == 8
+    with VLLMProcess(source, "float32", 0, {"python": VLLM_PYTHON}, kv_cache_bytes=2**30) as peer:
+        tokens, wall = peer.generate(prompts, [12, 12], 0.0, ignore_eos=False)
+    assert tokens == [list(t) for t in ours] and wall > 0

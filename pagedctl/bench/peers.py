@@ -127,18 +127,25 @@ def run_pagedctl(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
 # ---------------------------------------------------------------------------------- vLLM
 
 
+def _cpu(recipe: BenchRecipe) -> bool:
+    from pagedctl.engine.device import resolve_device
+
+    return resolve_device(recipe.device).type == "cpu"
+
+
 def run_vllm(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     """vLLM in its own process (`bench.vllm_peer`): loaded and warmed up (not timed), then one
     timed `generate` of the workload."""
     from pagedctl.bench.vllm_peer import VLLMProcess
     from pagedctl.engine import resolve_model
-    from pagedctl.engine.device import resolve_device, resolve_dtype
+    from pagedctl.engine.device import default_cpu_kv_bytes, resolve_device, resolve_dtype
 
     source = resolve_model(recipe.model, recipe.load_format)
     dtype = resolve_dtype(recipe.dtype, resolve_device(recipe.device))
     longest = max(len(p) + m for p, m in zip(wl.prompts, wl.max_tokens, strict=True))
     name = str(dtype).removeprefix("torch.")
-    with VLLMProcess(source, name, recipe.seed, settings, max_model_len=longest) as peer:
+    kv = recipe.config.kv_cache_memory_bytes or (default_cpu_kv_bytes() if _cpu(recipe) else None)
+    with VLLMProcess(source, name, recipe.seed, settings, longest, kv) as peer:
         tokens, wall = peer.generate(wl.prompts, wl.max_tokens, wl.temperature, ignore_eos=True)
         memory = peer.memory
     counts = [len(t) for t in tokens]

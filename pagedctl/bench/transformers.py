@@ -109,7 +109,8 @@ def run(
         from pagedctl.bench.vllm_peer import VLLMProcess
 
         dtype_name = str(llm.dtype).removeprefix("torch.")
-        peer = VLLMProcess(llm.source, dtype_name, llm.seed, vllm)
+        kv = llm.memory["kv_cache_bytes"]
+        peer = VLLMProcess(llm.source, dtype_name, llm.seed, vllm, kv_cache_bytes=kv)
     walls: dict[str, list[float]] = {name: [] for name in [*sides, *(["vllm"] if peer else [])]}
     tokens: dict[str, list[list[int]]] = {}
     try:

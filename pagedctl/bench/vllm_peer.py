@@ -66,7 +66,11 @@ class VLLMProcess:
         seed: int,
         settings: dict[str, Any],
         max_model_len: int | None = None,
+        kv_cache_bytes: int | None = None,
     ) -> None:
+        """`kv_cache_bytes`: vLLM's KV pool, as pagedctl's (unless the peer's `engine` settings
+        give one); on a CPU vLLM otherwise reserves 92% of the machine's memory and refuses to
+        start where less is free."""
         self.python = str(settings.get("python") or sys.executable)
         env = {**os.environ, **{k: str(v) for k, v in (settings.get("env") or {}).items()}}
         self.version = vllm_version(self.python, env)
@@ -91,6 +95,8 @@ class VLLMProcess:
             "max_model_len": max_model_len,
             "engine": dict(settings.get("engine") or {}),
         }
+        if kv_cache_bytes and "kv_cache_memory_bytes" not in spec["engine"]:
+            spec["engine"]["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         (tmp / "spec.json").write_text(json.dumps(spec))
         self.log_path = tmp / "vllm.log"
         read, write = os.pipe()
@@ -126,11 +132,21 @@ class VLLMProcess:
             raise RuntimeError(f"vLLM: {doc['error']}\n{doc.get('traceback', '')}{tail}")
         return doc
 
-    def log_tail(self, chars: int = 3000) -> str:
+    def log_tail(self, lines: int = 12) -> str:
+        """The errors vLLM logged (its worker processes log the root cause, not the exception
+        the engine raises) and where its whole log was kept."""
         try:
-            return "\n--- vLLM's log, last lines:\n" + self.log_path.read_text()[-chars:]
+            text = self.log_path.read_text()
         except OSError:
             return ""
+        kept = Path(tempfile.gettempdir()) / f"pagedctl-vllm-{os.getpid()}.log"
+        kept.write_text(text)
+        causes = [line for line in text.splitlines() if "Error:" in line or "Exception:" in line]
+        return (
+            f"\n--- vLLM's errors (its whole log: {kept}):\n" + "\n".join(causes[-lines:])
+            if causes
+            else f"\n--- vLLM's log: {kept}"
+        )
 
     def generate(
         self,
