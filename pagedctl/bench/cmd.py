@@ -42,8 +42,8 @@ def bench_recipe(
     ),
     peer: str | None = typer.Option(
         None,
-        help="Peers, comma-separated: hf-generate, hf-static, hf-continuous, or none "
-        "(default: the recipe's peers).",
+        help="Peers, comma-separated: hf-generate, hf-static, hf-continuous, vllm (where it is "
+        "installed), or none (default: the recipe's peers).",
     ),
     temperature: float | None = typer.Option(
         None, min=0.0, help="Override the recipe's temperature (0: the greedy variant)."
