@@ -26,6 +26,7 @@ OPTIONAL = {
     "triton": (None, "the CUDA builds of torch bring it; imported on the first CUDA kernel call"),
     "matplotlib": ("plot", "`pagedctl capacity --plot` and `pagedctl sweep --plot` only"),
     "ray": ("ray", "`generate --replicas` and `pagedctl.engine.ray_data` only"),
+    "vllm": (None, "the bench peer, under an interpreter of its own (`bench/vllm_child.py`)"),
 }
 BLOCK_TRITON = 'import sys; sys.modules["triton"] = None  # `import triton` fails, as uninstalled\n'
 PROMPTS = [[1, 5, 9, 200, 17, 3, 44], [7, 7, 7, 300]]
