@@ -81,7 +81,7 @@ class StepGraph(NamedTuple):
 
 
 class StepGraphs:
-    """The captured step graphs of one model, KV cache and set of limits."""
+    """The step graphs of one model, KV cache and set of limits, each captured on first use."""
 
     @torch.inference_mode()
     def __init__(
