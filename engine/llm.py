@@ -63,8 +63,8 @@ class LLM:
     After construction, `config` holds the settings and `memory` the sizing figures (bytes):
     `weights_bytes`, `kv_cache_bytes`, `num_blocks`, `block_size`, and on CUDA `total_bytes`,
     `utilization`, `activation_peak_bytes`, `non_kv_bytes` (weights + activation peak; absent
-    when the pool size was given) and `cuda_graph_bytes` (the step graphs' pool when built or
-    after `capture_graphs`; `snapshot()` has its current size).
+    when the pool size was given) and `cuda_graph_bytes` (the pool of the step graphs captured
+    so far).
     """
 
     def __init__(
@@ -113,7 +113,6 @@ class LLM:
         loaded model this way.
         """
         config = self.config.replace(**settings)
-        self._clock = StartupClock(self.device.type, since_process_start=False)
         reload = [
             n for n in NAMES if SETTINGS[n].load and getattr(config, n) != getattr(self.config, n)
         ]
@@ -121,6 +120,7 @@ class LLM:
             raise ConfigError(f"{', '.join(reload)} cannot change without a new LLM")
         if self.runner is not None and self.scheduler.has_unfinished():
             raise RuntimeError("reconfigure() with requests in flight; finish or abort them first")
+        self._clock = StartupClock(self.device.type, since_process_start=False)
         self._build_engine(config)
 
     def _build_engine(self, c: EngineConfig) -> None:
@@ -128,10 +128,10 @@ class LLM:
         apply_threads(c.num_threads, self.device.type)
         self._threads = watch_threads(c.num_threads, self.device.type)
         weights = sum(p.nbytes for p in self.model.parameters())
-        self.memory: dict = {"weights_bytes": weights, "utilization": None}
+        self._sizing: dict = {"weights_bytes": weights, "utilization": None}
         total = _device_total(self.device) if self.device.type == "cuda" else 0
         if total:
-            self.memory["total_bytes"] = total
+            self._sizing["total_bytes"] = total
         default_tokens, default_seqs = default_step_limits(self.device.type, total)
         max_num_seqs = c.max_num_seqs or default_seqs
         batched = c.max_num_batched_tokens or default_tokens
@@ -153,7 +153,7 @@ class LLM:
                 weights_bytes=weights,
                 reserve_graphs=bool(c.cuda_graphs),
             )
-        self.memory.update(figures)
+        self._sizing.update(figures)
         pool_tokens = blocks * c.block_size
         self.max_model_len = resolve_max_model_len(c.max_model_len, config_len, pool_tokens)
         block_bytes = self.layout.bytes_per_block(c.block_size)
@@ -196,11 +196,9 @@ class LLM:
             with clock.phase("calibrate"):
                 self.scheduler.costs = self.runner.calibrate_preemption(batched)
         self.config = c
-        self.memory["kv_cache_bytes"] = blocks * block_bytes
-        self.memory.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)
-        self.memory["swap_space_bytes"] = host * block_bytes
-        if self.device.type == "cuda":
-            self.memory["cuda_graph_bytes"] = self.runner.graph_pool_bytes
+        self._sizing["kv_cache_bytes"] = blocks * block_bytes
+        self._sizing.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)
+        self._sizing["swap_space_bytes"] = host * block_bytes
         self._log_start(blocks, c.block_size)
 
     def capture_graphs(self) -> int:
@@ -211,8 +209,15 @@ class LLM:
         if graphs is None:
             return 0
         graphs.capture_all()  # counted in the start-up clock's capture phase
-        self.memory["cuda_graph_bytes"] = graphs.pool_bytes
         return graphs.num_captured
+
+    @property
+    def memory(self) -> dict:
+        """The sizing figures (see the class docstring), the step graphs' pool as it is now."""
+        if self.device.type != "cuda":
+            return dict(self._sizing)
+        graphs = self.runner.graph_pool_bytes if self.runner is not None else 0
+        return {**self._sizing, "cuda_graph_bytes": graphs}
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (benchmarks start each run cold). False, and nothing
@@ -524,7 +529,7 @@ class LLM:
             "kv_usage": kv.usage,
             "peak_kv_usage": kv.stats.peak_used_blocks / kv.num_blocks,
             "stats": self.stats,
-            "memory": {**self.memory, "cuda_graph_bytes": self.runner.graph_pool_bytes},
+            "memory": self.memory,
             "startup": self.startup,
             "device": str(self.device),
         }

@@ -27,6 +27,7 @@ CPU tests cover the padding and the static-buffer bookkeeping.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -131,14 +132,8 @@ class StepGraphs:
             len(self.few_sizes),
         )
 
-    def _capture(self, key: GraphKey) -> StepGraph:
-        if self._clock is None:
-            return self._capture_now(key)
-        with self._clock.phase("capture"):
-            return self._capture_now(key)
-
     @torch.inference_mode()
-    def _capture_now(self, key: GraphKey) -> StepGraph:
+    def _capture(self, key: GraphKey) -> StepGraph:
         """Capture one bucket's graph (its kernels compiled by an eager run first).
 
         Captured when a step first needs it, before the step's inputs are copied in (the
@@ -146,6 +141,10 @@ class StepGraphs:
         share one memory pool: they replay one at a time, so each capture reuses what the
         ones before it freed.
         """
+        with self._clock.phase("capture") if self._clock else nullcontext():
+            return self._capture_timed(key)
+
+    def _capture_timed(self, key: GraphKey) -> StepGraph:
         kind, size = key
         inputs, ids, positions, rows, tables, meta = (
             self._decode_inputs(size) if kind == "decode" else self._mixed_inputs(key)

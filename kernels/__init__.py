@@ -66,12 +66,15 @@ class JitClock:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.seconds = 0.0
-        self.count = 0
+        self.count = 0  # variants compiled or loaded (one per set of compile-time constants)
         self.by_kernel: dict[str, float] = {}  # kernel name -> seconds, over its variants
         self._depth = 0
         self._saved: tuple = ()
         self._started: list[float] = []
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.by_kernel.values())
 
     def __enter__(self) -> JitClock:
         self._depth += 1
@@ -102,7 +105,6 @@ class JitClock:
         def on_compiled(**kwargs):
             if self._started:
                 took = time.perf_counter() - self._started.pop()
-                self.seconds += took
                 self.count += 1
                 name = getattr(kwargs.get("fn"), "name", "?")
                 self.by_kernel[name] = self.by_kernel.get(name, 0.0) + took
