@@ -32,7 +32,9 @@ class SideRun:
     """What one side did: its configuration, times and the output tokens of each request.
 
     `counts[i]` is None when request i did not finish (a time limit or an error);
-    `computed_tokens` counts every output position computed, padding included.
+    `computed_tokens` counts every output position computed, padding included. `tokens`: each
+    request's output token ids, where the side returns them (compared with pagedctl's, not
+    kept); `peak_memory`: {"bytes", "kind"} of a side that measures itself (its own process).
     """
 
     config: dict[str, Any]
@@ -41,6 +43,8 @@ class SideRun:
     counts: list[int | None]
     computed_tokens: int
     extra: dict[str, Any] = field(default_factory=dict)
+    tokens: list[list[int] | None] | None = None
+    peak_memory: dict[str, Any] | None = None
 
 
 class MemoryMeter:
@@ -119,40 +123,34 @@ def run_pagedctl(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "recomputed_tokens": after["num_recomputed_tokens"] - before["num_recomputed_tokens"],
         "steps": after["num_steps"] - before["num_steps"],
-        "_tokens": [o.outputs[0].token_ids if o.ok else None for o in outs],
     }
-    return SideRun(config, setup, wall, counts, sum(c or 0 for c in counts), extra)
+    tokens = [o.outputs[0].token_ids if o.ok else None for o in outs]
+    return SideRun(config, setup, wall, counts, sum(c or 0 for c in counts), extra, tokens)
 
 
 # ---------------------------------------------------------------------------------- vLLM
 
 
-def _cpu(recipe: BenchRecipe) -> bool:
-    from pagedctl.engine.device import resolve_device
-
-    return resolve_device(recipe.device).type == "cpu"
-
-
 def run_vllm(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     """vLLM in its own process (`bench.vllm_peer`): loaded and warmed up (not timed), then one
-    timed `generate` of the workload."""
+    timed `generate` of the workload. On a CPU its KV pool is pagedctl's default size."""
     from pagedctl.bench.vllm_peer import VLLMProcess
     from pagedctl.engine import resolve_model
     from pagedctl.engine.device import default_cpu_kv_bytes, resolve_device, resolve_dtype
 
     source = resolve_model(recipe.model, recipe.load_format)
-    dtype = resolve_dtype(recipe.dtype, resolve_device(recipe.device))
+    device = resolve_device(recipe.device)
+    dtype = str(resolve_dtype(recipe.dtype, device)).removeprefix("torch.")
     longest = max(len(p) + m for p, m in zip(wl.prompts, wl.max_tokens, strict=True))
-    name = str(dtype).removeprefix("torch.")
-    kv = recipe.config.kv_cache_memory_bytes or (default_cpu_kv_bytes() if _cpu(recipe) else None)
-    with VLLMProcess(source, name, recipe.seed, settings, longest, kv) as peer:
+    kv = recipe.config.kv_cache_memory_bytes
+    if kv is None and device.type == "cpu":
+        kv = default_cpu_kv_bytes()
+    with VLLMProcess(source, dtype, recipe.seed, settings, longest, kv) as peer:
         tokens, wall = peer.generate(wl.prompts, wl.max_tokens, wl.temperature, ignore_eos=True)
-        memory = peer.memory
     counts = [len(t) for t in tokens]
-    extra: dict[str, Any] = {"_tokens": tokens}
-    if memory:
-        extra["_peak_memory"] = memory
-    return SideRun(peer.config, peer.setup_s, wall, counts, sum(counts), extra)
+    return SideRun(
+        peer.config, peer.setup_s, wall, counts, sum(counts), tokens=tokens, peak_memory=peer.memory
+    )
 
 
 # ---------------------------------------------------------------------------- transformers

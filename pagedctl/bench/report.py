@@ -218,13 +218,13 @@ def _row(name: str, run: SideRun, wl: Workload, meter: MemoryMeter) -> dict:
         "peak_memory_bytes": meter.peak,
         "peak_memory_kind": meter.kind,
         "memory_before_bytes": meter.base,  # left over from earlier sides (CUDA) or RSS (CPU)
-        **{k: v for k, v in run.extra.items() if not k.startswith("_")},
+        **run.extra,
     }
-    if "_peak_memory" in run.extra:  # a side in a process of its own measures itself
-        row["peak_memory_bytes"] = run.extra["_peak_memory"]["bytes"]
-        row["peak_memory_kind"] = run.extra["_peak_memory"]["kind"]
-    if "_tokens" in run.extra:
-        row["_tokens"] = run.extra["_tokens"]  # compared with pagedctl's, then dropped
+    if run.peak_memory:  # a side in a process of its own measures itself
+        row["peak_memory_bytes"] = run.peak_memory["bytes"]
+        row["peak_memory_kind"] = run.peak_memory["kind"]
+    if run.tokens is not None:
+        row["_tokens"] = run.tokens  # compared with pagedctl's in `run_bench`, then dropped
     if wrong:
         row["mismatches"] = {"count": len(wrong), "first": wrong[:5]}
     return row

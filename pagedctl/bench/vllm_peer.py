@@ -11,6 +11,7 @@ without a tokenizer vLLM starts none. The child loads the model once and answers
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -32,8 +33,16 @@ class PeerUnavailable(RuntimeError):
     """The peer cannot run here (not installed); the row says so, the other sides go on."""
 
 
-def vllm_version(python: str, env: dict[str, str] | None = None) -> str | None:
-    """vLLM's version under `python` (with `env`), None when it is not importable there."""
+def vllm_version(python: str, extra_env: dict[str, Any] | None = None) -> str | None:
+    """vLLM's version under `python` (this process's environment plus `extra_env`), None when it
+    is not importable there. Asked once per interpreter and environment: importing vLLM takes
+    seconds."""
+    extra = tuple(sorted((k, str(v)) for k, v in (extra_env or {}).items()))
+    return _version(python, extra)
+
+
+@functools.cache
+def _version(python: str, extra: tuple[tuple[str, str], ...]) -> str | None:
     try:
         done = subprocess.run(
             [python, "-c", "import vllm; print(vllm.__version__)"],
@@ -41,7 +50,7 @@ def vllm_version(python: str, env: dict[str, str] | None = None) -> str | None:
             text=True,
             timeout=600,
             cwd=tempfile.gettempdir(),
-            env=env,
+            env={**os.environ, **dict(extra)},
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -72,8 +81,8 @@ class VLLMProcess:
         give one); on a CPU vLLM otherwise reserves 92% of the machine's memory and refuses to
         start where less is free."""
         self.python = str(settings.get("python") or sys.executable)
-        env = {**os.environ, **{k: str(v) for k, v in (settings.get("env") or {}).items()}}
-        self.version = vllm_version(self.python, env)
+        extra_env = {k: str(v) for k, v in (settings.get("env") or {}).items()}
+        self.version = vllm_version(self.python, extra_env)
         if self.version is None:
             raise PeerUnavailable(not_installed(self.python))
         self.tmp = tempfile.TemporaryDirectory(prefix="pagedctl-vllm-")
@@ -109,7 +118,7 @@ class VLLMProcess:
                 stderr=subprocess.STDOUT,
                 pass_fds=(write,),
                 cwd=tmp,
-                env=env,
+                env={**os.environ, **extra_env},
                 text=True,
             )
         os.close(write)
