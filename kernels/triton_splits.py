@@ -15,7 +15,10 @@ from torch import Tensor
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
 PROGRAMS_PER_SM = 3  # a decode grid fills the SMs up to this many programs each
 MIN_TILES_PER_SPLIT = 4  # once programs outnumber SMs, a split streams at least this many tiles
-UNROLL_MERGE_ROWS = tl.constexpr(512)  # merges of at most this many partial rows are unrolled
+# The merge folds the splits in order, this many partial rows at a time, unrolled so their loads
+# issue together: 16-row decode partials go 8 splits a pass (a fully unrolled 32-split merge took
+# ~7 s to compile, 8 times a 4-split one), 128-row prefill partials one at a time (more spill).
+MERGE_UNROLL_ROWS = tl.constexpr(128)
 
 
 @triton.jit
@@ -59,17 +62,12 @@ def _merge_splits(
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    if BLOCK_M * NUM_SPLITS <= UNROLL_MERGE_ROWS:  # unrolled: every split's loads issue at once
-        for s in tl.static_range(NUM_SPLITS):
+    UNROLL: tl.constexpr = max(1, min(NUM_SPLITS, MERGE_UNROLL_ROWS // BLOCK_M))
+    for s0 in range(0, active, UNROLL):
+        for i in tl.static_range(UNROLL):
             m_run, total, acc = _merge_one(
-                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
-                row_ok, HEAD_DIM, D_PAD, BLOCK_M,
-            )  # fmt: skip
-    else:  # prefill query blocks: 16 unrolled partials of 128 rows spill (255 registers)
-        for s in range(NUM_SPLITS):
-            m_run, total, acc = _merge_one(
-                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + s * BLOCK_M, s, active,
-                row_ok, HEAD_DIM, D_PAD, BLOCK_M,
+                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + (s0 + i) * BLOCK_M,
+                s0 + i, active, row_ok, HEAD_DIM, D_PAD, BLOCK_M,
             )  # fmt: skip
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     o_rows = (q_begin + tok).to(tl.int64)
