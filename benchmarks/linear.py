@@ -17,6 +17,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import triton
 
 from benchmarks.kernel_timing import copy_bandwidth, num_layers, per_call_ms
 from pagedctl import kernels
@@ -48,7 +49,14 @@ def time_side(name: str, rows: int, dtype: torch.dtype, cfg: configs.LinearConfi
     """Microseconds per call with `cfg` as the sm90 config (None: cuBLAS and separate ops)."""
     table = {} if cfg is None else {"sm90": cfg}
     with mock.patch.dict(configs.LINEAR_CONFIGS, table, clear=True):
-        return per_call_ms(calls(name, rows, dtype)) * 1e3
+        try:
+            return per_call_ms(calls(name, rows, dtype)) * 1e3
+        except triton.runtime.errors.OutOfResources:  # a variant past the shared memory
+            return None
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def main() -> None:
@@ -75,7 +83,7 @@ def main() -> None:
             print(
                 f"{rows:3d} rows {name:8s} floor {row['floor_us']:.2f} us, separate "
                 f"{row['separate_us']:.2f}, "
-                + ", ".join(f"{lbl} {row[f'{lbl}_us']:.2f}" for lbl in variants),
+                + ", ".join(f"{lbl} {_us(row[f'{lbl}_us'])}" for lbl in variants),
                 flush=True,
             )
     a.out.mkdir(parents=True, exist_ok=True)
