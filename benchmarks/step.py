@@ -5,9 +5,7 @@ sequences with `--context` tokens each is prefilled, then `--steps` engine steps
 end (schedule, input preparation, the graph replay, sampling, reading the tokens, update). The
 floor of a decode step is reading the weights once and every live KV byte once at the card's
 measured copy bandwidth; the report gives the step time as a multiple of it, and the GPU-only time
-of the step's CUDA graph. `--skinny on off` times each batch with and without the skinny
-projection kernels (`kernels.triton_linear`: norm, projection and SwiGLU fused for decode
-batches), alternating, so the fusion is A/B-timed inside the engine's own step.
+of the step's CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,25 +15,12 @@ import gc
 import json
 import random
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 import torch
 
 from benchmarks.kernel_timing import copy_bandwidth
 from pagedctl.engine import LLM, SamplingParams
-from pagedctl.kernels import configs
-
-
-@contextmanager
-def _skinny(enabled: bool):
-    """The skinny projection kernels as shipped, or none (cuBLAS and separate norm/SwiGLU)."""
-    if enabled:
-        yield
-        return
-    with mock.patch.dict(configs.LINEAR_CONFIGS, clear=True):
-        yield
 
 
 def _host_phases(llm: LLM, steps: int) -> dict[str, float]:
@@ -94,21 +79,6 @@ def run(
     temperature: float,
     profile_dir: Path | None = None,
     num_scheduler_steps: int = 1,
-    skinny: bool = True,
-) -> dict:
-    with _skinny(skinny):
-        row = _run(model, batch, context, steps, temperature, profile_dir, num_scheduler_steps)
-    return {**row, "skinny": skinny}
-
-
-def _run(
-    model: str,
-    batch: int,
-    context: int,
-    steps: int,
-    temperature: float,
-    profile_dir: Path | None,
-    num_scheduler_steps: int,
 ) -> dict:
     device = torch.device("cuda")
     bandwidth = copy_bandwidth(device)
@@ -153,8 +123,7 @@ def _run(
         profile = f"profiler failed: {type(e).__name__}: {e}"
     if profile is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
-        skinny = "on" if configs.LINEAR_CONFIGS else "off"
-        name = f"profile_b{batch}_k{num_scheduler_steps}_skinny_{skinny}.txt"
+        name = f"profile_b{batch}_k{num_scheduler_steps}.txt"
         (profile_dir / name).write_text(profile)
     bucket = llm.runner.graphs.pick(batch, batch, decode=True) if llm.runner.graphs else None
     graph_s = None
@@ -209,16 +178,14 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--profile", action="store_true", help="also write torch.profiler tables")
     p.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1])
-    p.add_argument("--skinny", nargs="+", choices=["on", "off"], default=["on"])
     a = p.parse_args()
     from pagedctl.envinfo import environment
 
     prof = a.out if a.profile else None
     rows = [
-        run(a.model, b, a.context, a.steps, a.temperature, prof, k, side == "on")
+        run(a.model, b, a.context, a.steps, a.temperature, prof, k)
         for b in a.batch
         for k in a.num_scheduler_steps
-        for side in a.skinny
     ]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "decode_step.json").write_text(
@@ -227,8 +194,7 @@ def main() -> None:
     for r in rows:
         graph = "eager" if r["graph_ms"] is None else f"{r['graph_ms']:.3f} ms"
         print(
-            f"batch {r['batch']} x {r['context']}, {r['num_scheduler_steps']} steps a round, "
-            f"skinny {'on' if r['skinny'] else 'off'}: "
+            f"batch {r['batch']} x {r['context']}, {r['num_scheduler_steps']} steps a round: "
             f"step {r['step_ms']:.3f} ms "
             f"({r['step_over_floor']:.2f}x the floor {r['floor_ms']:.3f} ms), graph alone {graph}, "
             f"{r['decode_tok_s']:,.0f} tok/s"

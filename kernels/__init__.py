@@ -205,57 +205,6 @@ def rms_norm(
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def _skinny_config(x: Tensor):
-    """The skinny projection config serving `x`'s rows (a decode batch on a measured GPU
-    family, or the interpreter), else None: cuBLAS and the separate kernels serve them."""
-    if not _use_triton(x):
-        return None
-    with _needs_triton():
-        from .configs import lookup_linear
-        from .triton_attention import _device_info
-
-    cfg = lookup_linear(_device_info(x.device)[0])
-    return cfg if cfg is not None and 0 < x.shape[0] <= cfg.max_rows else None
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`x @ weight.T (+ bias)` of `[T, K]` rows: `F.linear`, or on the GPU for a decode batch's
-    few rows one Triton kernel without split-K (`kernels.triton_linear`)."""
-    cfg = _skinny_config(x) if x.is_cuda or _forced_backend() else None
-    if cfg is None:
-        return torch.nn.functional.linear(x, weight, bias)
-    from .triton_linear import skinny_linear
-
-    return skinny_linear(x, weight, bias, cfg)[0]
-
-
-def norm_linear(
-    x: Tensor,
-    residual: Tensor | None,
-    norm_weight: Tensor,
-    eps: float,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    swiglu: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """`rms_norm` of `x` (or of `x + residual`), then `linear`, then `silu_and_mul` if `swiglu`
-    (`weight` a fused `[2I, K]` gate/up): returns (that, the residual stream: `x + residual`, or
-    `x` without a residual). One Triton kernel for a decode batch on the GPU, the three ops
-    otherwise."""
-    cfg = _skinny_config(x) if x.is_cuda or _forced_backend() else None
-    if cfg is not None:
-        from .triton_linear import skinny_linear
-
-        out, summed = skinny_linear(x, weight, bias, cfg, norm_weight, eps, residual, swiglu)
-        return out, x if summed is None else summed
-    if residual is None:
-        normed, residual = rms_norm(x, norm_weight, eps), x
-    else:
-        normed, residual = rms_norm(x, norm_weight, eps, residual)
-    out = torch.nn.functional.linear(normed, weight, bias)
-    return (silu_and_mul(out) if swiglu else out), residual
-
-
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> None:
     """Neox rotary embedding in place on q and k; contract in `kernels.reference.rotary`."""
     if _use_triton(q):
@@ -316,8 +265,6 @@ __all__ = [
     "JitClock",
     "empty_kv_cache",
     "graph_capturable",
-    "linear",
-    "norm_linear",
     "paged_attention",
     "rms_norm",
     "rotary",

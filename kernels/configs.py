@@ -112,34 +112,3 @@ def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> Att
         block_m = max(16, cfg.block_m // 2)
         return replace(cfg, block_m=block_m, tile_n=tile_n)
     return cfg
-
-
-@dataclass(frozen=True)
-class LinearConfig:
-    """Launch parameters of the skinny projection kernel (`triton_linear`) of one family.
-
-    Attributes:
-        max_rows: the most rows (decode sequences) a call may have to take the kernel; larger
-            batches go to cuBLAS (`F.linear`) and the separate norm and activation kernels.
-        block_k: reduction elements per loop iteration.
-        num_warps, num_stages: Triton launch parameters.
-    """
-
-    max_rows: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-# Families without an entry (sm75, sm80: no such card has been lent to measure) keep cuBLAS.
-LINEAR_CONFIGS: dict[str, LinearConfig] = {
-    "sm90": LinearConfig(max_rows=64, block_k=128, num_warps=4, num_stages=4),
-}
-INTERPRETER_LINEAR = LinearConfig(max_rows=64, block_k=64, num_warps=4, num_stages=1)
-
-
-def lookup_linear(capability: tuple[int, int] | None) -> LinearConfig | None:
-    """The skinny projection config of a device (`None` = the CPU interpreter), if it has one."""
-    if capability is None:
-        return INTERPRETER_LINEAR
-    return LINEAR_CONFIGS.get(family(capability))

@@ -13,12 +13,13 @@ import os
 
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 triton = pytest.importorskip("triton")
 
 from pagedctl import kernels  # noqa: E402
 from pagedctl.engine.models.layers import (  # noqa: E402
+    GatedMLP,
     RMSNorm,
     RopeConfig,
     RotaryEmbedding,
@@ -204,6 +205,15 @@ def test_reference_rotary_is_engine_apply_rotary(dtype: torch.dtype) -> None:
     reference.rotary(q, k, cos, sin, positions)
     assert torch.equal(q, want_q) and torch.equal(k, want_k)
     assert torch.equal(qkv[:, q.shape[1] * 64 + k.shape[1] * 64 :], v_before)
+
+
+@compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_silu_and_mul_is_engine_gated_mlp(dtype: torch.dtype) -> None:
+    mlp = GatedMLP(8, 1536)
+    mlp.gate_up_proj, mlp.down_proj = nn.Identity(), nn.Identity()  # keep only silu(gate) * up
+    x = randn(5, 2 * 1536, dtype=dtype, seed=5)
+    assert torch.equal(reference.silu_and_mul(x), mlp(x))
 
 
 # --- Triton under the interpreter ------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...kernels import linear, norm_linear, rms_norm
+from ...kernels import rms_norm, silu_and_mul
 
 
 class Linear(nn.Module):
@@ -28,8 +28,8 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        """Apply the projection to the rows `[T, in_features]` of `x`."""
-        return linear(x, self.weight, self.bias)
+        """Apply the projection to the last axis of `x`."""
+        return F.linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Module):
@@ -60,22 +60,18 @@ class RMSNorm(nn.Module):
         """
         return rms_norm(x, self.weight, self.eps, residual)
 
-    def then(
-        self, proj: Linear, x: Tensor, residual: Tensor | None, swiglu: bool = False
-    ) -> tuple[Tensor, Tensor]:
-        """`proj` of this norm of `x` (of `x + residual`), then SwiGLU if `swiglu`: returns it
-        and the residual stream. One kernel for a decode batch on the GPU (`norm_linear`)."""
-        return norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias, swiglu)
-
 
 class GatedMLP(nn.Module):
-    """SwiGLU MLP, `down(silu(gate) * up)`, with gate and up fused into one projection; the
-    decoder layer applies `gate_up_proj` and the activation with its norm (`RMSNorm.then`)."""
+    """SwiGLU MLP with gate and up projections fused into one matmul: `down(silu(gate) * up)`."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
         self.down_proj = Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply the MLP to `[tokens, hidden]`."""
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 @dataclass(frozen=True)

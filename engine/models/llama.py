@@ -34,8 +34,7 @@ class WeightLoadError(ValueError):
 
 
 class SelfAttention(nn.Module):
-    """Fused q/k/v projection (applied by the layer with its norm), optional q/k norm, RoPE,
-    paged attention, output projection."""
+    """Fused q/k/v projection, optional q/k norm, RoPE, paged attention, output projection."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -52,15 +51,14 @@ class SelfAttention(nn.Module):
 
     def forward(
         self,
-        qkv: Tensor,
+        x: Tensor,
         positions: Tensor,
         rope: RotaryEmbedding,
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> Tensor:
-        """The fused projection `[T, q + 2 kv]` -> `[T, hidden]`; writes this step's K/V into
-        `kv_cache`."""
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        """`[T, hidden]` -> `[T, hidden]`; writes this step's K/V into `kv_cache`."""
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.q_size // self.head_dim, self.head_dim)
         k = k.view(-1, self.kv_size // self.head_dim, self.head_dim)
         v = v.view(-1, self.kv_size // self.head_dim, self.head_dim)
@@ -91,15 +89,16 @@ class DecoderLayer(nn.Module):
         """One decoder layer over the flat batch `[T, hidden]`.
 
         Carries the residual stream separately (`x` is the previous block's output, `residual`
-        the sum so far) so that each add fuses into the norm that follows it, and each norm into
-        the projection after it; the sums are the same additions in the same order as
-        `x + attn(norm(x))`, `x + mlp(norm(x))`.
+        the sum so far) so that each add fuses into the norm that follows it; the sums are the
+        same additions in the same order as `x + attn(norm(x))`, `x + mlp(norm(x))`.
         """
-        attn, mlp = self.self_attn, self.mlp
-        qkv, residual = self.input_layernorm.then(attn.qkv_proj, x, residual)
-        x = attn(qkv, positions, rope, kv_cache, meta)
-        act, residual = self.post_attention_layernorm.then(mlp.gate_up_proj, x, residual, True)
-        return mlp.down_proj(act), residual
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rope, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
