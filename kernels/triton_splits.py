@@ -15,32 +15,33 @@ from torch import Tensor
 MAX_SPLITS = 32  # upper bound of KV splits per sequence
 PROGRAMS_PER_SM = 3  # a decode grid fills the SMs up to this many programs each
 MIN_TILES_PER_SPLIT = 4  # once programs outnumber SMs, a split streams at least this many tiles
-# The merge reads every split's max and sum in one load, then the partial outputs this many rows
-# of partials at a time (a [splits, rows, head_dim] tile each): 8 splits of a 16-row decode
-# partial, one 128-row prefill partial. (Unrolled split by split, a 32-split merge took ~7 s to
-# compile for sm_90; folded 8 splits a pass in a loop, it cost 1-2 us more per call at batch 1.)
-MERGE_TILE_ROWS = tl.constexpr(128)
+# The merge folds the splits in order, this many partial rows a pass, unrolled so that a pass's
+# loads issue together: 16-row decode partials go 16 splits a pass (a 32-split merge unrolled
+# whole took ~7 s to compile for sm_90; 8 a pass cost 1-2 us a call at batch 1 on the H200),
+# 128-row prefill partials 2 a pass (more spill).
+MERGE_UNROLL_ROWS = tl.constexpr(256)
 
 
 @triton.jit
-def _weighted_parts(
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, base, c0, active, row_ok, m_safe,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+def _merge_one(
+    m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, at, s, active, row_ok,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    """Sum over splits `c0 ... c0 + CHUNK - 1` (those below `active`) of each split's partial
-    output `[BLOCK_M, D_PAD]` times its weight, its row sum rescaled to the max `m_safe`."""
-    c = c0 + tl.arange(0, CHUNK)
-    rows = tl.arange(0, BLOCK_M)
+    """Fold split `s`'s partial (rows `at ...` of the workspace: running max, row sum and the
+    normalised output; nothing if `s >= active`) into a running (max, sum, sum-weighted output)."""
+    rows = at + tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
-    ok = (c < active)[:, None] & row_ok[None, :]
-    at = base + c[:, None] * BLOCK_M + rows[None, :]
-    m_c = tl.load(m_ws_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    l_c = tl.load(l_ws_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
-    w = tl.exp2(m_c - m_safe[None, :]) * l_c
-    part_ok = ok[:, :, None] & (d < HEAD_DIM)[None, None, :]
-    part_at = acc_ws_ptr + at[:, :, None] * HEAD_DIM + d[None, None, :]
-    part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg")
-    return tl.sum(part.to(tl.float32) * w[:, :, None], 0)
+    live_rows = (tl.full([BLOCK_M], s, tl.int32) < active) & row_ok
+    m_s = tl.load(m_ws_ptr + rows, mask=live_rows, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(l_ws_ptr + rows, mask=live_rows, other=0.0, cache_modifier=".cg")
+    part_ok = live_rows[:, None] & (d < HEAD_DIM)[None, :]
+    part_at = acc_ws_ptr + rows[:, None] * HEAD_DIM + d[None, :]
+    part = tl.load(part_at, mask=part_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    m_new = tl.maximum(m_run, m_s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    w_run = tl.exp2(m_run - m_safe)
+    w_s = tl.exp2(m_s - m_safe) * l_s
+    return m_new, total * w_run + w_s, acc * w_run[:, None] + part * w_s[:, None]
 
 
 @triton.jit
@@ -59,31 +60,15 @@ def _merge_splits(
     head = kvh * GROUP + rows % GROUP
     row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     base = (pid.to(tl.int64) * num_kv_heads + kvh) * NUM_SPLITS * BLOCK_M
-    # every split's running max and row sum: one global max per row, each split's weight
-    SPLITS_PAD: tl.constexpr = triton.next_power_of_2(NUM_SPLITS)
-    s = tl.arange(0, SPLITS_PAD)
-    live = (s < active)[:, None] & row_ok[None, :]
-    at = base + s[:, None] * BLOCK_M + rows[None, :]
-    m_s = tl.load(m_ws_ptr + at, mask=live, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(l_ws_ptr + at, mask=live, other=0.0, cache_modifier=".cg")
-    m_max = tl.max(m_s, 0)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    total = tl.sum(tl.exp2(m_s - m_safe[None, :]) * l_s, 0)
-    # the partial outputs weighted by them, CHUNK splits a tile, in split order: unrolled for
-    # decode's small partials (their loads issue together), a loop for prefill's (less spill)
-    CHUNK: tl.constexpr = max(1, min(SPLITS_PAD, MERGE_TILE_ROWS // BLOCK_M))
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    if CHUNK > 1:
-        for c0 in tl.static_range(0, SPLITS_PAD, CHUNK):
-            acc += _weighted_parts(
-                acc_ws_ptr, m_ws_ptr, l_ws_ptr, base, c0, active, row_ok, m_safe,
-                HEAD_DIM, D_PAD, BLOCK_M, CHUNK,
-            )  # fmt: skip
-    else:
-        for c0 in range(0, active):
-            acc += _weighted_parts(
-                acc_ws_ptr, m_ws_ptr, l_ws_ptr, base, c0, active, row_ok, m_safe,
-                HEAD_DIM, D_PAD, BLOCK_M, CHUNK,
+    UNROLL: tl.constexpr = max(1, min(NUM_SPLITS, MERGE_UNROLL_ROWS // BLOCK_M))
+    for s0 in range(0, active, UNROLL):
+        for i in tl.static_range(UNROLL):
+            m_run, total, acc = _merge_one(
+                m_run, total, acc, m_ws_ptr, l_ws_ptr, acc_ws_ptr, base + (s0 + i) * BLOCK_M,
+                s0 + i, active, row_ok, HEAD_DIM, D_PAD, BLOCK_M,
             )  # fmt: skip
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     o_rows = (q_begin + tok).to(tl.int64)
