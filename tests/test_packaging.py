@@ -204,3 +204,20 @@ def test_forcing_the_kernels_without_triton_says_what_to_do() -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ModuleNotFoundError: the Triton kernels serve this call")
     assert "PAGEDCTL_KERNELS=triton" in last and "set PAGEDCTL_KERNELS=reference" in last
+
+
+def test_the_checkouts_kernels_folder_does_not_shadow_hugging_faces() -> None:
+    """From the checkout's root (`python -m`, pytest), `import kernels` after `import pagedctl`
+    is Hugging Face's distribution (transformers >= 5.25 imports it with its models), not the
+    folder that installs as `pagedctl.kernels`."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("kernels")
+    except PackageNotFoundError:
+        pytest.skip("Hugging Face's kernels is not installed")
+    code = "import pagedctl, kernels; print(kernels.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert Path(done.stdout.strip()).resolve().parent != ROOT / "kernels"
