@@ -108,7 +108,11 @@ class Sampler:
         tokens but where a uniform falls within rounding of a CDF step). None for any other
         batch."""
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)  # exact in any dtype: upcasting keeps the order
+            # exact in any dtype: upcasting keeps the order. On the CPU, argmax over 16-bit
+            # rows is ~5x slower than upcasting them first (a 32 x 49K bf16 batch: 7 ms, 1.5).
+            if _is_cpu_half(logits):
+                logits = logits.float()
+            return logits.argmax(dim=-1)
         t, vocab = params[0].temperature, logits.shape[1]
         if any(g is not None for g in generators) or any(
             p.temperature != t or p.min_p or p.greedy or _needs_head(p, vocab) for p in params
@@ -151,6 +155,11 @@ class Sampler:
                 generator.manual_seed(self.seed)
             self._shared[device] = generator
         return self._shared[device]
+
+
+def _is_cpu_half(x: Tensor) -> bool:
+    """A 16-bit tensor on the CPU, where reductions over it run far slower than over float32."""
+    return x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
 
 
 def _take_rows(x: Tensor, rows: list[int]) -> Tensor:
