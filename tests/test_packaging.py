@@ -27,6 +27,11 @@ OPTIONAL = {
     "matplotlib": ("plot", "`pagedctl capacity --plot` and `pagedctl sweep --plot` only"),
     "ray": ("ray", "`generate --replicas` and `pagedctl.engine.ray_data` only"),
     "vllm": (None, "the bench peer, under an interpreter of its own (`bench/vllm_child.py`)"),
+    "kernels": (
+        None,
+        "Hugging Face's, a dependency of transformers >= 5.25: imported ahead of it "
+        "where a checkout's root is on sys.path, so that the checkout does not shadow it",
+    ),
 }
 BLOCK_TRITON = 'import sys; sys.modules["triton"] = None  # `import triton` fails, as uninstalled\n'
 PROMPTS = [[1, 5, 9, 200, 17, 3, 44], [7, 7, 7, 300]]
