@@ -90,6 +90,7 @@ class LLM:
             else:
                 self.model.load_weights(iter_weights(self.source))
             self.model.eval()
+            self._packed_bytes = self.model.pack_weights()
             self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
         self.layout = KVLayout(
             self.model.num_layers,
@@ -127,7 +128,7 @@ class LLM:
         self._release_engine()
         apply_threads(c.num_threads, self.device.type)
         self._threads = watch_threads(c.num_threads, self.device.type)
-        weights = sum(p.nbytes for p in self.model.parameters())
+        weights = sum(p.nbytes for p in self.model.parameters()) + self._packed_bytes
         self._sizing: dict = {"weights_bytes": weights, "utilization": None}
         total = _device_total(self.device) if self.device.type == "cuda" else 0
         if total:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...kernels import rms_norm, silu_and_mul
+from ...kernels import pack_linear_weight, packed_linear, rms_norm, silu_and_mul
 
 
 class Linear(nn.Module):
@@ -26,9 +26,19 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: Tensor | None = None  # see `pack`
+
+    def pack(self) -> int:
+        """Keep a copy of the weight packed for a faster matmul with the same bits, where the
+        kernels have one (bfloat16 on the CPU); returns its bytes. Call again after the weight
+        changes."""
+        self.packed = pack_linear_weight(self.weight)
+        return 0 if self.packed is None else self.packed.nbytes
 
     def forward(self, x: Tensor) -> Tensor:
-        """Apply the projection to the last axis of `x`."""
+        """Apply the projection to the rows `[T, in_features]` of `x`."""
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import AttentionMetadata, KVCache, PagedAttention
@@ -151,7 +150,13 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Logits `[rows, vocab]` of the rows that sample, in the model's dtype: the sampler
         reads them as they are (argmax, the fused temperature kernel) or upcasts to float32."""
-        return F.linear(hidden, self.lm_head.weight)
+        return self.lm_head(hidden)
+
+    def pack_weights(self) -> int:
+        """Pack every projection's weight (the output layer's too) for the faster matmul the
+        kernels have on this device and dtype, if any (`Linear.pack`): a second copy of those
+        weights, whose bytes this returns. Call once the weights are loaded."""
+        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, cast to the model's dtype and device.
