@@ -24,7 +24,8 @@ The choice is made once per process, at the first engine start, and kept by late
 `reconfigure` (a sweep's points must not differ in their thread count by accident); a given
 `num_threads` applies at every start. While a run goes on, `ThreadWatch` takes the same
 measure again every `RECHECK_S` over the whole time since the last one (no sleep: the engine's
-own steps fill the window), and moves the count when the other work on the machine came or went:
+own steps fill the window; a window past `STALE_S` spans an idle engine and only starts a new
+one), and moves the count when the other work on the machine came or went:
 a nightly job started on an idle machine must not spin two threads against a backup that began
 an hour later. On CUDA, torch's count stands unless `num_threads` is given:
 the host threads only launch work there.
@@ -46,6 +47,7 @@ ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 SAMPLE_S = 0.15  # long enough for 15 clock ticks per CPU, short beside loading a model
 MARGIN = 0.25  # a CPU busy with other work less than a quarter of the time still counts as free
 RECHECK_S = 5.0  # how often a running engine measures the other work again
+STALE_S = 2 * RECHECK_S  # a longer window spans time the engine sat idle: it starts over
 
 _auto: tuple[int, str] | None = None  # this process's automatic choice, made once
 _shown: tuple[int, str] | None = None  # the last choice logged
@@ -243,7 +245,10 @@ class ThreadWatch:
         if stat is None:
             return
         own = time.process_time()
-        if self._mark is not None:
+        # A window much longer than RECHECK_S spans time between the engine's runs (another
+        # program's work then, a benchmark's other side) that says nothing about now: it only
+        # starts a new window.
+        if self._mark is not None and now - self._mark[0] <= STALE_S:
             wall = now - self._mark[0]
             busy = busy_between(self._mark[2], stat, self.cpus or sorted(stat))
             self.adjust(max(0.0, busy - (own - self._mark[1]) / wall))

@@ -163,7 +163,18 @@ def test_a_running_engine_follows_the_other_work(monkeypatch, caplog):
             now += th.RECHECK_S
             watch.tick(now)
             assert torch.get_num_threads() == 2
+            # the engine sits idle while another program runs, then runs alone again: the
+            # reading that spans the pause starts a new window instead of taking the count down
+            elapse(60.0, others=2.0, ours=0.0)
+            now += 60.0
+            watch.tick(now)
+            assert torch.get_num_threads() == 2
+            elapse(th.RECHECK_S, others=0.0, ours=2.0)
+            now += th.RECHECK_S
+            watch.tick(now)
+            assert torch.get_num_threads() == 2
         messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == 2
         assert messages[0].startswith("CPU threads: 1, was 2 (2 CPUs in affinity, 1.0 busy")
         assert messages[1].startswith("CPU threads: 2, was 1")
     finally:
