@@ -4,7 +4,9 @@ reference.
 Dispatch per call: the Triton kernels when the tensors are on CUDA, the reference otherwise.
 Environment variable `PAGEDCTL_KERNELS=triton` forces the kernels (e.g. on the CPU under
 `TRITON_INTERPRET=1`, which must be set before the first call), `PAGEDCTL_KERNELS=reference`
-forces the reference. Callers never import a backend module directly.
+forces the reference. Callers never import a backend module directly. The projections' matmul is
+torch's own, except in bfloat16 on the CPU (`pack_linear_weight`, `packed_linear`: oneDNN with
+each weight packed once, `kernels.onednn`).
 """
 
 from __future__ import annotations
