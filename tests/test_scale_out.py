@@ -143,14 +143,29 @@ def _replica_pids() -> list[int]:
     return pids
 
 
-def _busiest(pids: list[int]) -> int:
-    def cpu(pid: int) -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
-    before = {p: cpu(p) for p in pids}
-    time.sleep(0.3)
-    return max(pids, key=lambda p: cpu(p) - before[p])
+
+def _cpu_used(pids: list[int], seconds: float = 0.3) -> dict[int, int]:
+    """Each process's CPU ticks over the next `seconds`."""
+    before = {p: _cpu_ticks(p) for p in pids}
+    time.sleep(seconds)
+    return {p: _cpu_ticks(p) - before[p] for p in pids}
+
+
+def _busiest(pids: list[int]) -> int:
+    used = _cpu_used(pids)
+    return max(pids, key=used.__getitem__)
+
+
+def _all_busy(pids: list[int], timeout: float = 30.0) -> None:
+    """Wait until every replica computes (holds a batch), so that killing it kills a batch: on a
+    loaded machine a replica can be between batches, waiting for the driver to feed it."""
+    deadline = time.monotonic() + timeout
+    while not all(_cpu_used(pids).values()) and time.monotonic() < deadline:
+        pass
 
 
 @pytest.mark.parametrize("kill", ["one", "both"])
@@ -165,6 +180,8 @@ def test_replicas_killed_mid_job_are_restarted_and_nothing_is_lost(
     seen = wait_for_lines(out, 16, proc, timeout=240)
     pids = _replica_pids()
     assert len(pids) == 2 and seen < N, (pids, seen)
+    if kill == "both":
+        _all_busy(pids)
     for pid in [_busiest(pids)] if kill == "one" else pids:
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
