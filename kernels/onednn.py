@@ -2,8 +2,8 @@
 
 torch's `F.linear` in bfloat16 on the CPU runs oneDNN's matmul, which reorders the weight into its
 blocked layout on every call. Packed once at load (`pack`), the same matmul (`linear`) gives the
-same bits without the reorder: on a 2-core AVX512-BF16 CPU a decode step of the bundled
-SmolLM2-135M ran 1.3-1.5x faster (docs/benchmarks.md). float32 stays on `F.linear` (MKL):
+same bits without the reorder (the chat bench's bfloat16 row in docs/benchmarks.md runs on it).
+float32 stays on `F.linear` (MKL):
 oneDNN's float32 matmul rounds differently, and pagedctl's float32 tokens must equal
 transformers'.
 """
