@@ -160,12 +160,21 @@ def _busiest(pids: list[int]) -> int:
     return max(pids, key=used.__getitem__)
 
 
-def _all_busy(pids: list[int], timeout: float = 30.0) -> None:
+BUSY_SHARE = 0.25  # of one core over a sampling window: an idle Ray worker uses next to none
+
+
+def _all_busy(pids: list[int], timeout: float = 60.0) -> None:
     """Wait until every replica computes (holds a batch), so that killing it kills a batch: on a
-    loaded machine a replica can be between batches, waiting for the driver to feed it."""
+    loaded machine a replica can be between batches, waiting for the driver to feed it. An idle
+    Ray worker still spends a tick now and then, so "computes" is a share of a core."""
+    window = 0.3
+    floor = BUSY_SHARE * window * os.sysconf("SC_CLK_TCK")
     deadline = time.monotonic() + timeout
-    while not all(_cpu_used(pids).values()) and time.monotonic() < deadline:
-        pass
+    while time.monotonic() < deadline:
+        used = _cpu_used(pids, window)
+        if all(ticks >= floor for ticks in used.values()):
+            return
+    pytest.fail(f"the replicas never all computed at once within {timeout:.0f} s: {used}")
 
 
 @pytest.mark.parametrize("kill", ["one", "both"])
