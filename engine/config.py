@@ -195,6 +195,12 @@ class EngineConfig:
         unit="GiB",
         low=0.0,
     )
+    deterministic: bool = setting(
+        False,
+        "Batch-invariant kernels: a request's greedy or seeded output depends on the request "
+        "alone, not on what ran beside it, in every dtype (slower; the CPU only so far).",
+        "bool",
+    )
     debug: bool = setting(
         False, "Check the allocator's invariants after every step (slower).", "bool"
     )

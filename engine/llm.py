@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..kernels import batch_invariant_serves
 from .beam_search import BeamSearchParams
 from .config import (
     NAMES,
@@ -44,6 +45,15 @@ Params = SamplingParams | BeamSearchParams
 ParamsArg = Params | Seq[Params] | None
 
 
+def _check_deterministic(config: EngineConfig, device: torch.device) -> None:
+    """Refuse `deterministic` where no batch-invariant kernels exist, before anything loads."""
+    if config.deterministic and not batch_invariant_serves(device):
+        raise ConfigError(
+            f"deterministic: batch-invariant kernels run on the CPU only so far, not on "
+            f"{device.type} with the Triton kernels; run with --device cpu, or without it"
+        )
+
+
 def _device_total(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).total_memory
 
@@ -75,6 +85,7 @@ class LLM:
         if config.model is None:
             raise ConfigError("no model: name a model folder, .gguf file, preset or cached id")
         self.device = resolve_device(config.device)
+        _check_deterministic(config, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.seed = config.seed
         self._clock = StartupClock(self.device.type)
@@ -114,6 +125,7 @@ class LLM:
         loaded model this way.
         """
         config = self.config.replace(**settings)
+        _check_deterministic(config, self.device)
         reload = [
             n for n in NAMES if SETTINGS[n].load and getattr(config, n) != getattr(self.config, n)
         ]
@@ -126,6 +138,7 @@ class LLM:
 
     def _build_engine(self, c: EngineConfig) -> None:
         self._release_engine()
+        self.model.set_batch_invariant(c.deterministic)
         apply_threads(c.num_threads, self.device.type)
         self._threads = watch_threads(c.num_threads, self.device.type)
         weights = sum(p.nbytes for p in self.model.parameters()) + self._packed_bytes

@@ -7,6 +7,10 @@ Environment variable `PAGEDCTL_KERNELS=triton` forces the kernels (e.g. on the C
 forces the reference. Callers never import a backend module directly. The projections' matmul is
 torch's own, except in bfloat16 on the CPU (`pack_linear_weight`, `packed_linear`: oneDNN with
 each weight packed once, `kernels.onednn`).
+
+Batch-invariant ops (`batch_invariant=True` of `paged_attention`, `invariant_linear`): a row's
+result does not depend on the other rows of the call, for the engine's `deterministic` setting;
+on the CPU (`kernels.batch_invariant`) so far, `batch_invariant_serves` says where.
 """
 
 from __future__ import annotations
@@ -174,6 +178,7 @@ def paged_attention(
     softmax_scale: float,
     plan_cache: dict | None = None,
     num_splits: int | None = None,
+    batch_invariant: bool = False,
 ) -> Tensor:
     """Causal varlen attention over the paged cache; contract in `kernels.reference`.
 
@@ -181,8 +186,15 @@ def paged_attention(
     (the reference's gather indices); the Triton kernels need none. `num_splits`: how many
     programs share each query block's history (split-KV; None: the kernel's choice); a
     performance hint that leaves the result unchanged (the reference ignores it).
+    `batch_invariant`: each row's bits depend on its own sequence alone (`kernels.batch_invariant`;
+    where `batch_invariant_serves`).
     """
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    if batch_invariant:
+        _check_batch_invariant(q)
+        from . import batch_invariant as invariant
+
+        return invariant.paged_attention(*args, softmax_scale, plan_cache=plan_cache)
     if _use_triton(q):
         with _needs_triton():
             from .triton_attention import paged_attention as triton_paged_attention
@@ -205,6 +217,30 @@ def rms_norm(
 
         return triton_rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
+
+
+def batch_invariant_serves(device: torch.device) -> bool:
+    """Whether batch-invariant ops exist for tensors on this device: the CPU's, not the Triton
+    kernels (yet)."""
+    return not _triton_serves(device)
+
+
+def _check_batch_invariant(tensor: Tensor) -> None:
+    if not batch_invariant_serves(tensor.device):
+        raise NotImplementedError(
+            f"no batch-invariant kernels for {tensor.device.type} tensors served by Triton"
+        )
+
+
+def invariant_linear(
+    x: Tensor, weight: Tensor, packed: Tensor | None = None, bias: Tensor | None = None
+) -> Tensor:
+    """`F.linear(x, weight, bias)` whose rows' bits do not depend on the other rows of `x`
+    (`packed`: `pack_linear_weight(weight)` or None); `kernels.batch_invariant.linear`."""
+    _check_batch_invariant(x)
+    from . import batch_invariant as invariant
+
+    return invariant.linear(x, weight, packed, bias)
 
 
 def pack_linear_weight(weight: Tensor) -> Tensor | None:
@@ -281,8 +317,10 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
 
 __all__ = [
     "JitClock",
+    "batch_invariant_serves",
     "empty_kv_cache",
     "graph_capturable",
+    "invariant_linear",
     "pack_linear_weight",
     "packed_linear",
     "paged_attention",

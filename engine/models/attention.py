@@ -62,6 +62,7 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.batch_invariant = False  # each row's bits set by its own sequence (`deterministic`)
 
     def forward(
         self,
@@ -89,4 +90,5 @@ class PagedAttention(nn.Module):
             self.scale,
             plan_cache=meta.plan_cache,
             num_splits=meta.num_splits,
+            batch_invariant=self.batch_invariant,
         )

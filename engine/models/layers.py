@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...kernels import pack_linear_weight, packed_linear, rms_norm, silu_and_mul
+from ...kernels import (
+    invariant_linear,
+    pack_linear_weight,
+    packed_linear,
+    rms_norm,
+    silu_and_mul,
+)
 
 
 class Linear(nn.Module):
@@ -27,6 +33,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: Tensor | None = None  # see `pack`
+        self.batch_invariant = False  # rows computed alike whatever the batch (`deterministic`)
 
     def pack(self) -> int:
         """Keep a copy of the weight packed for a faster matmul with the same bits, where the
@@ -37,6 +44,8 @@ class Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the projection to the rows `[T, in_features]` of `x`."""
+        if self.batch_invariant:
+            return invariant_linear(x, self.weight, self.packed, self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

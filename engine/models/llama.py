@@ -158,6 +158,13 @@ class LlamaForCausalLM(nn.Module):
         weights, whose bytes this returns. Call once the weights are loaded."""
         return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
+    def set_batch_invariant(self, on: bool) -> None:
+        """Run every projection and attention layer through the batch-invariant ops (or back):
+        each row's bits then depend on its own sequence alone (the `deterministic` setting)."""
+        for m in self.modules():
+            if isinstance(m, Linear | PagedAttention):
+                m.batch_invariant = on
+
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, cast to the model's dtype and device.
 

@@ -1,0 +1,226 @@
+"""Batch-invariant CPU ops: each row's result depends on that row alone, not on the batch it is in.
+
+The engine's `deterministic` setting runs the projections and attention through these, so that a
+request's tokens do not depend on what ran beside it: batch size, chunk boundaries, a prefix
+computed by another request, a preemption and its recompute. The ordinary ops are exact in
+float32 arithmetic but not in the order of their sums, and that order moves with the batch:
+
+- a GEMM library picks its kernel and blocking by the number of rows (MKL gives one row alone
+  other bits than the same row among 64; oneDNN splits the inner dimension differently above 32
+  rows), and a decode row and the same position inside a prefill chunk run different shapes;
+- the reference attention pads a decode group to its longest sequence and lets SDPA block the
+  keys by the padded length, and prefill rows run in chunks whose size changes the kernel.
+
+How these ops fix the order:
+
+- `linear`: rows in tiles of exactly `ROWS` (the last one padded with zeros), one matmul call per
+  tile: every call has the same shape, so every row gets the same kernel and the same reduction
+  order over the input features, wherever it sits and whatever sits beside it.
+- `paged_attention`: the query rows of one sequence and KV head form tiles of exactly `Q_ROWS`
+  rows. Scores are one batched matmul of fixed `[Q_ROWS, head_dim]` tiles against the keys (its
+  sum runs over `head_dim` only); keys past a row's position are masked, and the softmax of a row
+  is the same with trailing masked keys as without (its sums add exact zeros); values are summed
+  `KEY_TILE` keys at a time, tile after tile in order, so the sum over keys has one order, set by
+  the row's own length. A decode row and a prefill row at the same position take the same path.
+
+Softmax, accumulation and the scores are float32, as in the reference ops. The ops give the same
+bits for any thread count torch uses (the tests compare one and two threads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import onednn
+
+ROWS = 32  # rows per projection call: oneDNN's packed layout is chosen for this many
+Q_ROWS = 16  # query rows (positions x heads of one KV head) per attention tile
+KEY_TILE = 64  # keys per step of the sum over values
+Q_CHUNK = 256  # prefill positions per attention call: bounds the score matrix's memory
+
+
+def linear(x: Tensor, weight: Tensor, packed: Tensor | None, bias: Tensor | None) -> Tensor:
+    """`x @ weight.T (+ bias)` of `[T, in]` rows, `ROWS` rows per matmul call.
+
+    `packed`: the weight packed for oneDNN (`onednn.pack`), or None for `F.linear`.
+    """
+    rows = x.shape[0]
+    pad = -rows % ROWS
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    if packed is not None:
+        parts = [onednn.linear(tile, packed, bias) for tile in x.split(ROWS)]
+    else:
+        parts = [F.linear(tile, weight, bias) for tile in x.split(ROWS)]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out[:rows] if pad else out
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    softmax_scale: float,
+    plan_cache: dict | None = None,
+) -> Tensor:
+    """Causal varlen attention over the paged cache, each row computed in an order set by its own
+    position alone; the contract of `kernels.reference.paged_attention`."""
+    tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    key = ("batch_invariant_attention", k_cache.shape[1], tokens, num_heads, num_kv_heads)
+    plan = None if plan_cache is None else plan_cache.get(key)
+    if plan is None:
+        plan = _Planner(tokens, num_heads, num_kv_heads, k_cache.shape[1]).plan(
+            block_tables, seq_lens, cu_seqlens_q
+        )
+        if plan_cache is not None:
+            plan_cache[key] = plan
+    zero_row = q.new_zeros(1, head_dim, dtype=torch.float32)  # what padding rows of a tile read
+    q_flat = torch.cat([q.reshape(-1, head_dim).float(), zero_row])
+    out = torch.zeros_like(q_flat)
+    k_flat = k_cache.reshape(-1, head_dim)  # row (slot * num_kv_heads + kv head)
+    v_flat = v_cache.reshape(-1, head_dim)
+    for g in plan:
+        rows = g.q_index.flatten()
+        qt = q_flat.index_select(0, rows).view(*g.q_index.shape, head_dim)
+        k = k_flat.index_select(0, g.kv_index.flatten()).view(*g.kv_index.shape, head_dim).float()
+        v = v_flat.index_select(0, g.kv_index.flatten()).view(*g.kv_index.shape, head_dim).float()
+        if g.shared is None:  # a tile per KV row
+            o = _attend(qt, k, v, g.visible, softmax_scale)
+        else:  # one sequence's tiles: those of KV head h are `shared[h]`, reading row h
+            o = torch.cat([
+                _attend(qt[s], k[h : h + 1].expand(s.stop - s.start, -1, -1),
+                        v[h : h + 1].expand(s.stop - s.start, -1, -1), g.visible[s], softmax_scale)
+                for h, s in enumerate(g.shared)
+            ])  # fmt: skip
+        out.index_copy_(0, rows, o.view(-1, head_dim))
+    return out[:-1].view(tokens, num_heads, head_dim).to(q.dtype)
+
+
+def _attend(qt: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
+    """Attention of tiles `qt` `[B, Q_ROWS, D]` over keys and values `[B, L, D]` (`L` a multiple
+    of `KEY_TILE`; views that repeat one sequence's keys are fine), `visible` bool
+    `[B, Q_ROWS, L]`."""
+    scores = torch.bmm(qt, k.transpose(1, 2)).mul_(scale)
+    probs = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)
+    out = torch.bmm(probs[:, :, :KEY_TILE], v[:, :KEY_TILE])
+    for lo in range(KEY_TILE, k.shape[1], KEY_TILE):
+        out += torch.bmm(probs[:, :, lo : lo + KEY_TILE], v[:, lo : lo + KEY_TILE])
+    return out
+
+
+@dataclass
+class _Group:
+    """Tiles computed together.
+
+    Attributes:
+        q_index: int64 `[B, Q_ROWS]`, each tile row's row of the flattened `[T * H, D]` queries
+            (padding rows: the zero row past the end).
+        kv_index: int64 `[O, L]`, the row of the flattened `[slots * Hkv, D]` cache that each
+            key of each KV row reads; positions past a sequence's end read its last written
+            slot (masked).
+        shared: None when tile b reads KV row b (decode); else, for one sequence, the slice of
+            tiles of each of its KV heads (KV row h).
+        visible: bool `[B, Q_ROWS, L]`, which keys each tile row attends to.
+    """
+
+    q_index: Tensor
+    kv_index: Tensor
+    shared: list[slice] | None
+    visible: Tensor
+
+
+class _Planner:
+    """The tiles of one step: every decode row in one group, each prefill sequence in groups of
+    up to `Q_CHUNK` positions. The same for every layer, so made once a step."""
+
+    def __init__(self, tokens: int, num_heads: int, num_kv_heads: int, block_size: int) -> None:
+        self.pad_row = tokens * num_heads
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.group = num_heads // num_kv_heads
+        self.block_size = block_size
+
+    def plan(self, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor) -> list[_Group]:
+        starts = cu_seqlens_q[:-1].to(torch.int64).tolist()
+        ends = cu_seqlens_q[1:].to(torch.int64).tolist()
+        lens = seq_lens.to(torch.int64).tolist()
+        tables = block_tables.to(torch.int64)
+        decode: list[tuple[int, int]] = []  # (sequence, its token's row)
+        groups = []
+        for i, (start, end, seq_len) in enumerate(zip(starts, ends, lens, strict=True)):
+            if end - start == 1:
+                if seq_len > 0:  # length 0: a decode graph's padding row, attends to nothing
+                    decode.append((i, start))
+                continue
+            for lo in range(start, end, Q_CHUNK):
+                hi = min(lo + Q_CHUNK, end)
+                first = seq_len - (end - start) + (lo - start)  # position of row lo
+                groups.append(self._chunk(tables[i], lo, hi, first))
+        if decode:
+            groups.append(self._decode(decode, tables, lens))
+        return groups
+
+    def _kv_rows(self, table: Tensor, length: int, padded: int) -> Tensor:
+        """int64 `[Hkv, padded]`: the flattened-cache row of each key position of each KV head
+        of a sequence of `length` keys; positions past it read the last one."""
+        pos = torch.arange(padded).clamp_(max=length - 1)
+        slots = table[pos // self.block_size] * self.block_size + pos % self.block_size
+        return slots[None, :] * self.num_kv_heads + torch.arange(self.num_kv_heads)[:, None]
+
+    def _tiles(self, rows: Tensor, fill: int) -> Tensor:
+        """`[R]` -> `[ceil(R / Q_ROWS), Q_ROWS]`, padded with `fill`."""
+        pad = -rows.numel() % Q_ROWS
+        return torch.cat([rows, rows.new_full((pad,), fill)]).view(-1, Q_ROWS)
+
+    def _heads(self, h: int) -> Tensor:
+        return torch.arange(h * self.group, (h + 1) * self.group)
+
+    def _chunk(self, table: Tensor, lo: int, hi: int, first: int) -> _Group:
+        """Prefill rows `lo:hi` of one sequence (row `lo` at position `first`): per KV head, the
+        rows of its query heads, position-major, in tiles."""
+        length = first + (hi - lo)  # keys of the chunk's last row
+        padded = _padded(length)
+        tokens = torch.arange(lo, hi)
+        keys = (tokens - lo + first + 1)[:, None].expand(-1, self.group).flatten()
+        q_tiles, n_keys, shared = [], [], []
+        for h in range(self.num_kv_heads):
+            rows = (tokens[:, None] * self.num_heads + self._heads(h)[None, :]).flatten()
+            tiles = self._tiles(rows, self.pad_row)
+            done = sum(t.shape[0] for t in q_tiles)
+            shared.append(slice(done, done + tiles.shape[0]))
+            q_tiles.append(tiles)
+            n_keys.append(self._tiles(keys, 1))  # a padding row sees one key: never NaN
+        kv_index = self._kv_rows(table, length, padded)
+        return _Group(torch.cat(q_tiles), kv_index, shared, _visible(torch.cat(n_keys), padded))
+
+    def _decode(self, decode: list[tuple[int, int]], tables: Tensor, lens: list[int]) -> _Group:
+        """One query row per sequence: per sequence and KV head, the rows of its query heads in
+        tiles (one tile each unless a KV head serves more than `Q_ROWS` query heads)."""
+        padded = _padded(max(lens[i] for i, _ in decode))
+        q_tiles, n_keys, kv = [], [], []
+        for i, row in decode:
+            kv_rows = self._kv_rows(tables[i], lens[i], padded)
+            for h in range(self.num_kv_heads):
+                tiles = self._tiles(row * self.num_heads + self._heads(h), self.pad_row)
+                q_tiles.append(tiles)
+                n_keys.append(torch.full(tiles.shape, lens[i]))
+                kv.append(kv_rows[h : h + 1].expand(tiles.shape[0], -1))
+        return _Group(torch.cat(q_tiles), torch.cat(kv), None, _visible(torch.cat(n_keys), padded))
+
+
+def _padded(length: int) -> int:
+    """`length` keys rounded up to whole `KEY_TILE`s."""
+    return -(-length // KEY_TILE) * KEY_TILE
+
+
+def _visible(n_keys: Tensor, padded: int) -> Tensor:
+    """bool `[B, Q_ROWS, padded]`: key l is visible to a row that sees `n_keys` keys."""
+    return torch.arange(padded)[None, None, :] < n_keys[:, :, None]
