@@ -1,0 +1,195 @@
+"""`deterministic`: a request's tokens depend on the request alone, in 16-bit dtypes on the CPU.
+
+A random-weight Llama (real safetensors, loaded in bfloat16 or float16) has nearly flat logits, so
+its greedy and sampled tokens flip at the smallest change of a logit's bits: the strictest probe
+there is. Each probe prompt is run alone in a fresh engine first; then the same prompts must give
+the same tokens in a batch of 64 mixed ones, after another request cached their prefix, with
+chunked prefill at two budgets, under forced preemption, with one thread instead of two, and in a
+`pagedctl generate` job killed by SIGKILL and resumed. Greedy and seeded sampling each.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from pagedctl.engine import LLM, ConfigError, SamplingParams
+from tests.job_utils import read_jsonl, run, start, wait_for_lines, write_jsonl
+
+PREFIX = list(range(100, 164))  # 64 tokens (4 blocks) the probes share with a decoy
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """Four layers, 8 query heads on 2 KV heads of 32, a 768-wide MLP: every op of a real model."""
+    folder = tmp_path_factory.mktemp("det") / "llama"
+    config = LlamaConfig(
+        vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def probes() -> list[list[int]]:
+    rng = random.Random(1)
+    own = [[rng.randrange(3, 1024) for _ in range(n)] for n in (1, 7, 33, 90)]
+    return own + [PREFIX + [5, 6, 7], PREFIX + [rng.randrange(3, 1024) for _ in range(40)]]
+
+
+def crowd(n: int = 58) -> list[list[int]]:
+    rng = random.Random(2)
+    return [[rng.randrange(3, 1024) for _ in range(rng.randrange(2, 160))] for _ in range(n)]
+
+
+def params(seeded: bool, n: int, first_seed: int = 0) -> list[SamplingParams]:
+    if not seeded:
+        return [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)] * n
+    return [
+        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.9, seed=first_seed + i, ignore_eos=True)
+        for i in range(n)
+    ]
+
+
+def engine(model: Path, dtype: str, **settings) -> LLM:
+    base = {"device": "cpu", "dtype": dtype, "block_size": 16, "deterministic": True}
+    return LLM(str(model), **{**base, **settings})
+
+
+def tokens(llm: LLM, prompts: list[list[int]], sp: list[SamplingParams]) -> list[list[int]]:
+    outs = llm.generate(prompts, sp)
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def alone(model: Path, dtype: str, seeded: bool) -> list[list[int]]:
+    """Each probe by itself, each in an engine of its own (nothing cached, nothing beside it)."""
+    sp = params(seeded, len(probes()))
+    return [tokens(engine(model, dtype), [p], [s])[0] for p, s in zip(probes(), sp, strict=True)]
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_request_gets_the_same_tokens_whatever_ran_beside_it(model, dtype, seeded):
+    want = alone(model, dtype, seeded)
+    n = len(want)
+    sp = params(seeded, n)
+    others = crowd()
+    mixed = others[:30] + probes() + others[30:]
+    sp_mixed = params(seeded, len(others), first_seed=1000)
+    sp_mixed = sp_mixed[:30] + sp + sp_mixed[30:]
+
+    llm = engine(model, dtype)
+    got = tokens(llm, mixed, sp_mixed)[30 : 30 + n]
+    assert got == want, "in a batch of 64"
+
+    llm = engine(model, dtype)  # a decoy computes the shared prefix first
+    tokens(llm, [PREFIX + [9, 9]], params(seeded, 1, first_seed=77))
+    assert tokens(llm, probes(), sp) == want, "after another request cached the prefix"
+    assert llm.stats["prefix_cache"]["hits"] > 0
+
+    for budget in (16, 40):
+        llm = engine(model, dtype, max_num_batched_tokens=budget)
+        assert tokens(llm, mixed, sp_mixed)[30 : 30 + n] == want, f"prefill chunks of {budget}"
+
+    llm = engine(model, dtype, num_gpu_blocks_override=24, max_num_seqs=16)
+    assert tokens(llm, mixed, sp_mixed)[30 : 30 + n] == want, "under preemption"
+    assert llm.stats["scheduler"]["num_preemptions"] > 0
+
+
+def test_the_thread_count_does_not_change_the_tokens(model):
+    want = alone(model, "bfloat16", seeded=False)
+    before = torch.get_num_threads()
+    try:
+        llm = engine(model, "bfloat16", num_threads=1)
+        got = tokens(llm, probes() + crowd(10), params(False, 16))[: len(want)]
+    finally:
+        torch.set_num_threads(before)
+    assert got == want
+
+
+def test_without_the_setting_the_projections_are_not_tiled(model):
+    llm = engine(model, "bfloat16", deterministic=False)
+    assert not any(getattr(m, "batch_invariant", False) for m in llm.model.modules())
+    llm.reconfigure(deterministic=True)
+    assert all(m.batch_invariant for m in llm.model.modules() if hasattr(m, "batch_invariant"))
+
+
+def test_cuda_refuses_it_before_loading_anything(model, monkeypatch):
+    monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")  # what CUDA tensors get
+    with pytest.raises(ConfigError, match="deterministic: batch-invariant kernels run on the CPU"):
+        LLM(str(model / "missing"), device="cpu", deterministic=True)
+
+
+def _job_lines() -> list[dict]:
+    lines = []
+    for i, p in enumerate(probes() + crowd(42)):
+        body = {
+            "prompt_token_ids": p,
+            "max_tokens": NEW_TOKENS,
+            "ignore_eos": True,
+            "logprobs": True,
+        }  # fmt: skip  (no tokenizer: the tokens show as ids there)
+        if i % 2:
+            body |= {"temperature": 0.9, "seed": i}
+        else:
+            body |= {"temperature": 0.0}
+        lines.append({"custom_id": f"r{i:02d}", **body})
+    return lines
+
+
+def _answers(path: Path) -> dict[str, list[str]]:
+    out = {}
+    for r in read_jsonl(path):
+        assert r.get("error") is None and r["custom_id"] not in out, r
+        out[r["custom_id"]] = r["response"]["body"]["choices"][0]["logprobs"]["tokens"]
+    return out
+
+
+def test_a_job_killed_and_resumed_answers_as_one_run_alone(model, tmp_path):
+    common = ["--model", model, "--device", "cpu", "--dtype", "bfloat16", "--deterministic", "-q"]
+    ref_src = write_jsonl(tmp_path / "ref.jsonl", _job_lines())
+    r = run(ref_src, *common, "--max-num-seqs", "3")
+    assert r.returncode == 0, r.stderr
+    want = _answers(tmp_path / "ref.out.jsonl")
+
+    src = write_jsonl(tmp_path / "in.jsonl", _job_lines())
+    out = tmp_path / "in.out.jsonl"
+    proc = start(src, *common, "--max-num-seqs", "32")
+    seen = wait_for_lines(out, 8, proc, timeout=240)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert 8 <= seen < len(want), seen
+    r = run(src, *common, "--max-num-seqs", "32")
+    assert r.returncode == 0, r.stderr
+    assert _answers(out) == want
+
+
+def test_the_bundled_model_answers_chat_prompts_alike_in_bfloat16():
+    """The bundled SmolLM2 with its tokenizer: the chat prompts twice (the second pass reads
+    every prompt's prefix from the cache) and a few alone, the same tokens each time."""
+    import json
+
+    from pagedctl import bundled_model
+
+    lines = (Path(__file__).parents[1] / "recipes/data/chat-cpu.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    llm = LLM(str(bundled_model()), device="cpu", dtype="bfloat16", deterministic=True)
+    chats = [r["messages"] for r in rows]
+    sp = SamplingParams(max_tokens=32, temperature=0.0)
+    first = [o.outputs[0].token_ids for o in llm.chat(chats, sp)]
+    second = [o.outputs[0].token_ids for o in llm.chat(chats, sp)]
+    assert llm.stats["prefix_cache"]["hits"] >= len(chats)
+    assert second == first
+    for i in (0, 7, 19):
+        assert llm.chat([chats[i]], sp)[0].outputs[0].token_ids == first[i]
