@@ -38,8 +38,8 @@ from torch import Tensor
 from . import onednn
 
 ROWS = 32  # rows per projection call: oneDNN's packed layout is chosen for this many
-Q_ROWS = 16  # query rows (positions x heads of one KV head) per attention tile
-KEY_TILE = 64  # keys per step of the sum over values
+Q_ROWS = 4  # query rows (positions x heads of one KV head) per attention tile
+KEY_TILE = 128  # keys per step of the sum over values
 Q_CHUNK = 256  # prefill positions per attention call: bounds the score matrix's memory
 
 
@@ -88,33 +88,72 @@ def paged_attention(
     out = torch.zeros_like(q_flat)
     k_flat = k_cache.reshape(-1, head_dim)  # row (slot * num_kv_heads + kv head)
     v_flat = v_cache.reshape(-1, head_dim)
+    wide = wide_rows_agree(head_dim)
     for g in plan:
         rows = g.q_index.flatten()
         qt = q_flat.index_select(0, rows).view(*g.q_index.shape, head_dim)
         k = k_flat.index_select(0, g.kv_index.flatten()).view(*g.kv_index.shape, head_dim).float()
         v = v_flat.index_select(0, g.kv_index.flatten()).view(*g.kv_index.shape, head_dim).float()
-        if g.shared is None:  # a tile per KV row
+        if g.shared is None:  # tile b reads KV row b
             o = _attend(qt, k, v, g.visible, softmax_scale)
-        else:  # one sequence's tiles: those of KV head h are `shared[h]`, reading row h
+        else:  # one sequence's tiles: those of KV head h are `shared[h]`, reading KV row h
             o = torch.cat([
-                _attend(qt[s], k[h : h + 1].expand(s.stop - s.start, -1, -1),
-                        v[h : h + 1].expand(s.stop - s.start, -1, -1), g.visible[s], softmax_scale)
+                _attend_shared(qt[s], k[h : h + 1], v[h : h + 1], g.visible[s], softmax_scale, wide)
                 for h, s in enumerate(g.shared)
             ])  # fmt: skip
         out.index_copy_(0, rows, o.view(-1, head_dim))
     return out[:-1].view(tokens, num_heads, head_dim).to(q.dtype)
 
 
-def _attend(qt: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
-    """Attention of tiles `qt` `[B, Q_ROWS, D]` over keys and values `[B, L, D]` (`L` a multiple
-    of `KEY_TILE`; views that repeat one sequence's keys are fine), `visible` bool
-    `[B, Q_ROWS, L]`."""
-    scores = torch.bmm(qt, k.transpose(1, 2)).mul_(scale)
-    probs = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)
+def _attend(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
+    """Attention of query rows `q` `[B, M, D]` over keys and values `[B, L, D]` (`L` a multiple
+    of `KEY_TILE`; expanded views are fine), `visible` bool `[B, M, L]`: every matmul is
+    `[M, D] x [D, KEY_TILE]` or `[M, KEY_TILE] x [KEY_TILE, D]`, and the key tiles' sums are
+    added in key order."""
+    length = k.shape[1]
+    tiles = range(0, length, KEY_TILE)
+    kt = k.transpose(1, 2)
+    scores = torch.cat([torch.bmm(q, kt[:, :, lo : lo + KEY_TILE]) for lo in tiles], dim=-1)
+    probs = torch.softmax(scores.mul_(scale).masked_fill_(~visible, float("-inf")), dim=-1)
     out = torch.bmm(probs[:, :, :KEY_TILE], v[:, :KEY_TILE])
-    for lo in range(KEY_TILE, k.shape[1], KEY_TILE):
+    for lo in tiles[1:]:
         out += torch.bmm(probs[:, :, lo : lo + KEY_TILE], v[:, lo : lo + KEY_TILE])
     return out
+
+
+def _attend_shared(
+    q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float, wide: bool
+) -> Tensor:
+    """`_attend` of `n` tiles `[n, Q_ROWS, D]` of one KV head (`k`, `v`: `[1, L, D]`): as one
+    matmul of `n * Q_ROWS` rows per key tile where that gives the bits of `Q_ROWS`-row matmuls
+    (`wide_rows_agree`), else tile by tile."""
+    n = q.shape[0]
+    if not wide:
+        return _attend(q, k.expand(n, -1, -1), v.expand(n, -1, -1), visible, scale)
+    flat = _attend(q.view(1, -1, q.shape[-1]), k, v, visible.view(1, -1, visible.shape[-1]), scale)
+    return flat.view(q.shape)
+
+
+_WIDE: dict[int, bool] = {}
+
+
+def wide_rows_agree(head_dim: int) -> bool:
+    """Whether attention's matmuls give a `Q_ROWS`-row tile the same bits inside a taller
+    matmul, on this machine and BLAS: measured once per head size. The CPU BLAS picks a kernel by
+    the row count (MKL: one for up to 3 rows, another from 4), so a prefill chunk's rows can run
+    as one matmul per key tile only where this holds; elsewhere they run tile by tile (slower, the
+    same bits by construction)."""
+    if head_dim not in _WIDE:
+        gen = torch.Generator().manual_seed(0)
+        agree = True
+        for n in (1, 67, 450):  # tiles: 4 to 1,800 rows in one matmul
+            q = torch.randn(n, Q_ROWS, head_dim, generator=gen)
+            k, v = (torch.randn(1, 2 * KEY_TILE, head_dim, generator=gen) for _ in range(2))
+            visible = torch.rand(n, Q_ROWS, 2 * KEY_TILE, generator=gen) < 0.9
+            tiled = _attend_shared(q, k, v, visible, 0.125, wide=False)
+            agree &= torch.equal(_attend_shared(q, k, v, visible, 0.125, wide=True), tiled)
+        _WIDE[head_dim] = agree
+    return _WIDE[head_dim]
 
 
 @dataclass

@@ -193,3 +193,62 @@ def test_the_bundled_model_answers_chat_prompts_alike_in_bfloat16():
     assert second == first
     for i in (0, 7, 19):
         assert llm.chat([chats[i]], sp)[0].outputs[0].token_ids == first[i]
+
+
+# ------------------------------------------------------------------------- the ops themselves
+
+
+def _paged_case(seed: int = 0):
+    """A prefill chunk (rows 40:100 of a 100-token sequence), two decode rows and a decode
+    graph's padding row, over a shuffled pool of 16-token blocks, in bfloat16."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks, heads, kv_heads, dim = 64, 6, 2, 32
+    k_cache = torch.randn(blocks, 16, kv_heads, dim, generator=gen).bfloat16()
+    v_cache = torch.randn(blocks, 16, kv_heads, dim, generator=gen).bfloat16()
+    tables = torch.randperm(blocks, generator=gen)[:40].view(4, 10).int()
+    seq_lens = torch.tensor([100, 300 // 2, 17, 0], dtype=torch.int32)
+    cu = torch.tensor([0, 60, 61, 62, 63], dtype=torch.int32)
+    q = torch.randn(63, heads, dim, generator=gen).bfloat16()
+    return q, k_cache, v_cache, tables, seq_lens, cu
+
+
+def test_the_attention_op_is_close_to_the_reference_and_tiles_alike_wide_or_not(monkeypatch):
+    from pagedctl.kernels import batch_invariant, reference
+
+    q, k, v, tables, lens, cu = _paged_case()
+    scale = q.shape[-1] ** -0.5
+    want = reference.paged_attention(q, k, v, tables, lens, cu, 60, 150, scale)
+    wide = batch_invariant.paged_attention(q, k, v, tables, lens, cu, scale)
+    torch.testing.assert_close(wide, want, atol=2e-2, rtol=2e-2)
+    assert torch.equal(wide[62], torch.zeros_like(wide[62]))  # the padding row attends to nothing
+    monkeypatch.setitem(batch_invariant._WIDE, q.shape[-1], False)
+    assert torch.equal(batch_invariant.paged_attention(q, k, v, tables, lens, cu, scale), wide)
+
+
+def test_a_row_of_the_attention_op_has_the_same_bits_alone():
+    from pagedctl.kernels import batch_invariant
+
+    q, k, v, tables, lens, cu = _paged_case()
+    scale = q.shape[-1] ** -0.5
+    both = batch_invariant.paged_attention(q, k, v, tables, lens, cu, scale)
+    one = torch.tensor([0, 1], dtype=torch.int32)  # the 150-key decode row by itself
+    alone = batch_invariant.paged_attention(q[60:61], k, v, tables[1:2], lens[1:2], one, scale)
+    assert torch.equal(alone, both[60:61])
+    last = torch.tensor([0, 1], dtype=torch.int32)  # the chunk's last row as a decode row
+    as_decode = batch_invariant.paged_attention(q[59:60], k, v, tables[:1], lens[:1], last, scale)
+    assert torch.equal(as_decode, both[59:60])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_projection_row_has_the_same_bits_in_any_batch(dtype):
+    from pagedctl.kernels import invariant_linear, pack_linear_weight
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(1536, 576, generator=gen).to(dtype)
+    x = torch.randn(300, 576, generator=gen).to(dtype)
+    packed = pack_linear_weight(weight)
+    alone = torch.cat([invariant_linear(x[i : i + 1], weight, packed) for i in range(40)])
+    for rows in (2, 33, 64, 300):
+        got = invariant_linear(x[:rows], weight, packed)
+        assert torch.equal(got[:40], alone[: min(rows, 40)]), rows
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight), atol=0.5, rtol=2e-2)
