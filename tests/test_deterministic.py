@@ -170,6 +170,9 @@ def test_a_job_killed_and_resumed_answers_as_one_run_alone(model, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert 8 <= seen < len(want), seen
+    plain = [a for a in common if a != "--deterministic"]
+    r = run(src, *plain, "--max-num-seqs", "32")  # the rest would lose the promise: refused
+    assert r.returncode == 64 and "deterministic: recorded true, now (absent)" in r.stderr, r.stderr
     r = run(src, *common, "--max-num-seqs", "32")
     assert r.returncode == 0, r.stderr
     assert _answers(out) == want

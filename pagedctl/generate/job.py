@@ -260,9 +260,14 @@ class GenerateJob:
     def _manifest(self, llm) -> dict[str, Any]:
         """What a resume must share with the run that started the output (capacity excepted)."""
         capacity = {
-            k: str(v) for k, v in sorted(self.s.engine.items()) if k not in ("dtype", "seed")
+            k: str(v)
+            for k, v in sorted(self.s.engine.items())
+            if k not in ("dtype", "seed", "deterministic")
         }
+        # Bits, not speed: a deterministic job resumed without it would lose what it promised.
+        deterministic = {"deterministic": True} if llm.config.deterministic else {}
         return {
+            **deterministic,
             "input_sha256": input_sha256(self.s.input),
             "model": llm.model_name,
             "dtype": str(llm.dtype).removeprefix("torch."),
