@@ -15,13 +15,17 @@ How these ops fix the order:
 
 - `linear`: rows in tiles of exactly `ROWS` (the last one padded with zeros), one matmul call per
   tile: every call has the same shape, so every row gets the same kernel and the same reduction
-  order over the input features, wherever it sits and whatever sits beside it.
-- `paged_attention`: the query rows of one sequence and KV head form tiles of exactly `Q_ROWS`
-  rows. Scores are one batched matmul of fixed `[Q_ROWS, head_dim]` tiles against the keys (its
-  sum runs over `head_dim` only); keys past a row's position are masked, and the softmax of a row
-  is the same with trailing masked keys as without (its sums add exact zeros); values are summed
-  `KEY_TILE` keys at a time, tile after tile in order, so the sum over keys has one order, set by
-  the row's own length. A decode row and a prefill row at the same position take the same path.
+  order over the input features, wherever it sits and whatever sits beside it. (Shorter calls
+  are not safe: oneDNN's packed matmul gives a row of a 5-row call other bits than the same row
+  in a 32-row tile for some shapes.)
+- `paged_attention`: the query rows of one sequence and KV head form tiles of `Q_ROWS` rows.
+  Every matmul is `[rows, head_dim] x [head_dim, KEY_TILE]` (scores, a sum over `head_dim` only)
+  or `[rows, KEY_TILE] x [KEY_TILE, head_dim]` (values); keys past a row's position are masked,
+  and a row's softmax is the same with trailing masked keys as without (its sums add exact
+  zeros); the value tiles' sums are added in key order, so the sum over keys has one order, set
+  by the row's own length. A decode row and a prefill row at the same position take the same
+  path. A prefill chunk's tiles of one KV head run as one taller matmul per key tile where a
+  probe shows that gives the bits of `Q_ROWS`-row matmuls (`wide_rows_agree`).
 
 Softmax, accumulation and the scores are float32, as in the reference ops. The ops give the same
 bits for any thread count torch uses (the tests compare one and two threads).
@@ -37,17 +41,16 @@ from torch import Tensor
 
 from . import onednn
 
-ROWS = 32  # rows per projection call: oneDNN's packed layout is chosen for this many
+ROWS = onednn.PACK_ROWS  # rows per projection call: the row count weights are packed for
 Q_ROWS = 4  # query rows (positions x heads of one KV head) per attention tile
 KEY_TILE = 128  # keys per step of the sum over values
 Q_CHUNK = 256  # prefill positions per attention call: bounds the score matrix's memory
 
 
 def linear(x: Tensor, weight: Tensor, packed: Tensor | None, bias: Tensor | None) -> Tensor:
-    """`x @ weight.T (+ bias)` of `[T, in]` rows, `ROWS` rows per matmul call.
-
-    `packed`: the weight packed for oneDNN (`onednn.pack`), or None for `F.linear`.
-    """
+    """`x @ weight.T (+ bias)` of `[T, in]` rows, `ROWS` rows per matmul call, the last tile
+    padded with zeros. `packed`: the weight packed for oneDNN (`onednn.pack`), or None for
+    `F.linear`."""
     rows = x.shape[0]
     pad = -rows % ROWS
     if pad:
