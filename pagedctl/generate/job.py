@@ -265,7 +265,7 @@ class GenerateJob:
             if k not in ("dtype", "seed", "deterministic")
         }
         # Bits, not speed: a deterministic job resumed without it would lose what it promised.
-        deterministic = {"deterministic": True} if llm.config.deterministic else {}
+        deterministic = {"deterministic": True} if self.s.engine.get("deterministic") else {}
         return {
             **deterministic,
             "input_sha256": input_sha256(self.s.input),
