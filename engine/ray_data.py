@@ -53,6 +53,7 @@ from .pool_sizing import model_max_len
 from .sampling_params import SamplingParams
 
 MAX_CRASHES = 3  # deaths a request may be running at before it is given up
+LEDGER_NAME = "pagedctl-ledger"  # a pool's ledger actor is named this and a suffix of its own
 SEGMENT = 256  # requests the driver hands over at a time
 REPLICA_START_S = 1800  # the longest a pool waits for its replicas to load
 
@@ -108,6 +109,10 @@ class Ledger:
 
     def deaths(self) -> int:
         return sum(self.crashes.values())
+
+    def running_count(self) -> int:
+        """Requests in a batch that a replica is running now."""
+        return len(self.running)
 
 
 _LedgerActor = ray.remote(num_cpus=0)(Ledger)
@@ -378,7 +383,9 @@ class ReplicaPool:
             num_gpus=self.resources["num_gpus"] or None, num_cpus=1
         )
         self.facts = ray.get(probe.remote(settings))
-        self._ledger = _LedgerActor.remote(max_crashes)
+        # Named, so that `ray list actors` (and the tests) can find a pool's ledger.
+        name = f"{LEDGER_NAME}-{uuid.uuid4().hex[:12]}"
+        self._ledger = _LedgerActor.options(name=name).remote(max_crashes)
         self.snapshots: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
         self.done_by: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
         self._feeder = None

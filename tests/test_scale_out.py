@@ -9,6 +9,7 @@ records must equal a one-process job's token for token.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -160,21 +161,23 @@ def _busiest(pids: list[int]) -> int:
     return max(pids, key=used.__getitem__)
 
 
-BUSY_SHARE = 0.25  # of one core over a sampling window: an idle Ray worker uses next to none
+def _batches_running(timeout: float = 60.0) -> None:
+    """Wait until the job's ledger has requests running on a replica, so that killing every
+    replica kills a batch: on a loaded machine the replicas can sit between batches, waiting for
+    the driver to feed them, for seconds."""
+    from pagedctl.engine.ray_data import LEDGER_NAME
 
-
-def _all_busy(pids: list[int], timeout: float = 60.0) -> None:
-    """Wait until every replica computes (holds a batch), so that killing it kills a batch: on a
-    loaded machine a replica can be between batches, waiting for the driver to feed it. An idle
-    Ray worker still spends a tick now and then, so "computes" is a share of a core."""
-    window = 0.3
-    floor = BUSY_SHARE * window * os.sysconf("SC_CLK_TCK")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        used = _cpu_used(pids, window)
-        if all(ticks >= floor for ticks in used.values()):
-            return
-    pytest.fail(f"the replicas never all computed at once within {timeout:.0f} s: {used}")
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if not actor["name"].startswith(LEDGER_NAME):
+                continue
+            with contextlib.suppress(ValueError, ray.exceptions.RayError):  # an earlier job's
+                ledger = ray.get_actor(actor["name"], namespace=actor["namespace"])
+                if ray.get(ledger.running_count.remote(), timeout=5) > 0:
+                    return
+        time.sleep(0.05)
+    pytest.fail(f"no batch ran on a replica within {timeout:.0f} s")
 
 
 @pytest.mark.parametrize("kill", ["one", "both"])
@@ -190,7 +193,7 @@ def test_replicas_killed_mid_job_are_restarted_and_nothing_is_lost(
     pids = _replica_pids()
     assert len(pids) == 2 and seen < N, (pids, seen)
     if kill == "both":
-        _all_busy(pids)
+        _batches_running()
     for pid in [_busiest(pids)] if kill == "one" else pids:
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
