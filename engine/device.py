@@ -6,6 +6,9 @@ import os
 
 import torch
 
+from ..kernels import batch_invariant_serves
+from .config import ConfigError, EngineConfig
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -66,3 +69,12 @@ def system_memory_bytes() -> int:
 def default_cpu_kv_bytes() -> int:
     """On the CPU the cache takes at most 4 GiB or a quarter of memory, whichever is smaller."""
     return min(4 * 2**30, system_memory_bytes() // 4)
+
+
+def check_deterministic(config: EngineConfig, device: torch.device) -> None:
+    """Refuse `deterministic` where no batch-invariant kernels exist, before anything loads."""
+    if config.deterministic and not batch_invariant_serves(device):
+        raise ConfigError(
+            f"deterministic: batch-invariant kernels run on the CPU only so far, not on "
+            f"{device.type} with the Triton kernels; run with --device cpu, or without it"
+        )

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from ..kernels import batch_invariant_serves
 from .beam_search import BeamSearchParams
 from .config import (
     NAMES,
@@ -23,7 +22,7 @@ from .config import (
     default_step_limits,
 )
 from .containment import execute_contained
-from .device import resolve_device, resolve_dtype
+from .device import check_deterministic, resolve_device, resolve_dtype
 from .kv_sizing import KVLayout, format_bytes, max_concurrency
 from .model_runner import ModelRunner
 from .model_source import resolve_model
@@ -43,15 +42,6 @@ logger = logging.getLogger("pagedctl.engine")
 
 Params = SamplingParams | BeamSearchParams
 ParamsArg = Params | Seq[Params] | None
-
-
-def _check_deterministic(config: EngineConfig, device: torch.device) -> None:
-    """Refuse `deterministic` where no batch-invariant kernels exist, before anything loads."""
-    if config.deterministic and not batch_invariant_serves(device):
-        raise ConfigError(
-            f"deterministic: batch-invariant kernels run on the CPU only so far, not on "
-            f"{device.type} with the Triton kernels; run with --device cpu, or without it"
-        )
 
 
 def _device_total(device: torch.device) -> int:
@@ -85,7 +75,7 @@ class LLM:
         if config.model is None:
             raise ConfigError("no model: name a model folder, .gguf file, preset or cached id")
         self.device = resolve_device(config.device)
-        _check_deterministic(config, self.device)
+        check_deterministic(config, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.seed = config.seed
         self._clock = StartupClock(self.device.type)
@@ -125,7 +115,7 @@ class LLM:
         loaded model this way.
         """
         config = self.config.replace(**settings)
-        _check_deterministic(config, self.device)
+        check_deterministic(config, self.device)
         reload = [
             n for n in NAMES if SETTINGS[n].load and getattr(config, n) != getattr(self.config, n)
         ]

@@ -46,7 +46,7 @@ import ray.data
 from ray.data._internal.datasource.range_datasource import RangeDatasource
 
 from .config import EngineConfig
-from .device import resolve_device, resolve_dtype
+from .device import check_deterministic, resolve_device, resolve_dtype
 from .model_source import resolve_model
 from .outputs import RequestOutput
 from .pool_sizing import model_max_len
@@ -64,6 +64,7 @@ def describe(settings: dict[str, Any]) -> dict[str, Any]:
     cut it further; such requests are refused there)."""
     config = EngineConfig().replace(**settings)
     device = resolve_device(config.device)
+    check_deterministic(config, device)  # where a replica would run, before any loads
     source = resolve_model(config.model, config.load_format)
     config_len = model_max_len(source.hf_config)
     return {
