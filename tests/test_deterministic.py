@@ -131,6 +131,15 @@ def test_cuda_refuses_it_before_loading_anything(model, monkeypatch):
         LLM(str(model / "missing"), device="cpu", deterministic=True)
 
 
+def test_a_scaled_out_job_is_refused_where_its_replicas_would_run(model, monkeypatch):
+    pytest.importorskip("ray")
+    from pagedctl.engine.ray_data import describe  # the probe task a pool runs on a replica
+
+    monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
+    with pytest.raises(ConfigError, match="deterministic: batch-invariant kernels run on the CPU"):
+        describe({"model": str(model / "missing"), "device": "cpu", "deterministic": True})
+
+
 def _job_lines() -> list[dict]:
     lines = []
     for i, p in enumerate(probes() + crowd(42)):
