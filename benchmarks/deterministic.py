@@ -24,7 +24,7 @@ from pathlib import Path
 import pagedctl  # noqa: F401  (first: the checkout's kernels/ must not shadow Hugging Face's)
 from pagedctl import bundled_model
 from pagedctl.bench.recipe import load_bench_recipe, make_workload
-from pagedctl.bench.transformers import load_chat_requests
+from pagedctl.bench.transformers import chat_prompt_ids, load_chat_requests
 from pagedctl.engine import LLM, SamplingParams
 from pagedctl.envinfo import environment
 from pagedctl.recipe_file import find_recipe
@@ -35,12 +35,7 @@ CHAT = ROOT / "recipes" / "data" / "chat-cpu.jsonl"
 
 def chat_workload(llm: LLM) -> tuple[list[list[int]], list[int]]:
     rows = load_chat_requests(CHAT)
-    tok = llm.tokenizer
-    prompts = [
-        tok.apply_chat_template(r["messages"], tokenize=True, add_generation_prompt=True)
-        for r in rows
-    ]
-    return [list(getattr(p, "input_ids", p)) for p in prompts], [r["max_tokens"] for r in rows]
+    return chat_prompt_ids(llm.tokenizer, rows), [r["max_tokens"] for r in rows]
 
 
 def answers(llm: LLM, prompts: list[list[int]], limits: list[int]) -> tuple[float, int, list]:

@@ -27,6 +27,17 @@ def load_chat_requests(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def chat_prompt_ids(tok, requests: list[dict]) -> list[list[int]]:
+    """Each request's messages through the chat template, as the engine renders them."""
+    return [
+        tok(
+            tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )["input_ids"]
+        for r in requests
+    ]
+
+
 def _engine_runner(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> Callable:
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
 
@@ -85,14 +96,7 @@ def run(
     requests = load_chat_requests(prompts_path)
     engine = engine_settings({"model": model} if model else {})
     llm = LLM(**engine, device=device, max_num_seqs=max_num_seqs, dtype=dtype)
-    tok = llm.tokenizer
-    prompts = [
-        tok(
-            tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True),
-            add_special_tokens=False,
-        )["input_ids"]
-        for r in requests
-    ]
+    prompts = chat_prompt_ids(llm.tokenizer, requests)
     max_tokens = [int(r["max_tokens"]) for r in requests]
     hf = AutoModelForCausalLM.from_pretrained(llm.source.weights_dir, dtype=llm.dtype)
     hf = hf.to(llm.device).eval()
