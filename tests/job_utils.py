@@ -61,6 +61,17 @@ def by_id(records: list[dict]) -> dict[str, dict]:
     return out
 
 
+def answer_tokens(path: Path) -> dict[str, list[str]]:
+    """custom_id -> the answer's tokens as its logprobs name them ("token_id:<id>" for a model
+    without a tokenizer), each custom_id once; the line must have asked for logprobs."""
+    out = {}
+    for cid, r in by_id(read_jsonl(path)).items():
+        answer = r["response"]["body"]["choices"][0]["logprobs"]["tokens"]
+        assert len(answer) == r["response"]["body"]["usage"]["completion_tokens"] > 0
+        out[cid] = answer
+    return out
+
+
 def check_ok_line(r: dict) -> dict:
     """Assert the OpenAI batch output schema of one success line; return its body."""
     assert set(r) == {"id", "custom_id", "response", "error"} and r["error"] is None

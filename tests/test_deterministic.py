@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from pagedctl.engine import LLM, ConfigError, SamplingParams
-from tests.job_utils import read_jsonl, run, start, wait_for_lines, write_jsonl
+from tests.job_utils import answer_tokens, run, start, wait_for_lines, write_jsonl
 
 PREFIX = list(range(100, 164))  # 64 tokens (4 blocks) the probes share with a decoy
 NEW_TOKENS = 24
@@ -157,20 +157,12 @@ def _job_lines() -> list[dict]:
     return lines
 
 
-def _answers(path: Path) -> dict[str, list[str]]:
-    out = {}
-    for r in read_jsonl(path):
-        assert r.get("error") is None and r["custom_id"] not in out, r
-        out[r["custom_id"]] = r["response"]["body"]["choices"][0]["logprobs"]["tokens"]
-    return out
-
-
 def test_a_job_killed_and_resumed_answers_as_one_run_alone(model, tmp_path):
     common = ["--model", model, "--device", "cpu", "--dtype", "bfloat16", "--deterministic", "-q"]
     ref_src = write_jsonl(tmp_path / "ref.jsonl", _job_lines())
     r = run(ref_src, *common, "--max-num-seqs", "3")
     assert r.returncode == 0, r.stderr
-    want = _answers(tmp_path / "ref.out.jsonl")
+    want = answer_tokens(tmp_path / "ref.out.jsonl")
 
     src = write_jsonl(tmp_path / "in.jsonl", _job_lines())
     out = tmp_path / "in.out.jsonl"
@@ -184,7 +176,7 @@ def test_a_job_killed_and_resumed_answers_as_one_run_alone(model, tmp_path):
     assert r.returncode == 64 and "deterministic: recorded true, now (absent)" in r.stderr, r.stderr
     r = run(src, *common, "--max-num-seqs", "32")
     assert r.returncode == 0, r.stderr
-    assert _answers(out) == want
+    assert answer_tokens(out) == want
 
 
 def test_the_bundled_model_answers_chat_prompts_alike_in_bfloat16():

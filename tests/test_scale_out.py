@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pagedctl.exits import EXIT_OK, EXIT_PARTIAL, EXIT_TEMPFAIL, EXIT_USAGE
-from tests.job_utils import by_id, read_jsonl, wait_for_lines, write_jsonl
+from tests.job_utils import answer_tokens, read_jsonl, wait_for_lines, write_jsonl
 
 # A local cluster with token authentication, as Ray starts one by default; the jobs
 # (subprocesses) join it with the token from the environment. Set before Ray is imported: Ray
@@ -61,16 +61,6 @@ def lines(n: int = N, max_tokens: int = 96) -> list[dict]:
     ]
 
 
-def tokens(path: Path) -> dict[str, list]:
-    """custom_id -> the answer's tokens ("token_id:<id>"), each id once."""
-    out = {}
-    for cid, r in by_id(read_jsonl(path)).items():
-        answer = r["response"]["body"]["choices"][0]["logprobs"]["tokens"]
-        assert len(answer) == r["response"]["body"]["usage"]["completion_tokens"] > 0
-        out[cid] = answer
-    return out
-
-
 @pytest.fixture(scope="module")
 def cluster():
     ctx = ray.init("local", num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -85,7 +75,7 @@ def reference(tmp_path_factory) -> dict[str, list]:
     src = write_jsonl(d / "in.jsonl", lines())
     r = gen(src, *MODEL, "-q")
     assert r.returncode == EXIT_OK, r.stderr
-    return tokens(d / "in.out.jsonl")
+    return answer_tokens(d / "in.out.jsonl")
 
 
 def test_two_replicas_answer_as_one_process_and_keep_per_line_errors(cluster, reference, tmp_path):
@@ -97,7 +87,7 @@ def test_two_replicas_answer_as_one_process_and_keep_per_line_errors(cluster, re
     assert r.returncode == EXIT_PARTIAL, r.stderr
     for line in r.stderr.splitlines():  # a JSON log stays JSON with Ray in the process
         json.loads(line)
-    assert tokens(tmp_path / "in.out.jsonl") == reference
+    assert answer_tokens(tmp_path / "in.out.jsonl") == reference
     errors = {e["custom_id"]: e for e in read_jsonl(tmp_path / "in.errors.jsonl")}
     assert set(errors) == {None, "huge-id"}, errors
     assert errors["huge-id"]["error"]["code"] == "token_out_of_vocab"
@@ -109,7 +99,7 @@ def test_two_replicas_answer_as_one_process_and_keep_per_line_errors(cluster, re
 
     again = gen(src, *MODEL, "--replicas", "2", "--ray-address", cluster, "-q")  # all done
     assert again.returncode == EXIT_PARTIAL, again.stderr
-    assert tokens(tmp_path / "in.out.jsonl") == reference
+    assert answer_tokens(tmp_path / "in.out.jsonl") == reference
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
@@ -128,7 +118,7 @@ def test_driver_stopped_mid_job_resumes_exactly_once(cluster, reference, tmp_pat
         assert proc.returncode == EXIT_TEMPFAIL and "stopped by SIGTERM" in err, err
     r = gen(*args)
     assert r.returncode == EXIT_OK, r.stderr
-    assert tokens(out) == reference  # every custom_id once, the same answers
+    assert answer_tokens(out) == reference  # every custom_id once, the same answers
 
 
 def _replica_pids() -> list[int]:
@@ -198,7 +188,7 @@ def test_replicas_killed_mid_job_are_restarted_and_nothing_is_lost(
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_OK, err
-    assert tokens(out) == reference  # every custom_id once, the same answers
+    assert answer_tokens(out) == reference  # every custom_id once, the same answers
     s = json.loads(summary.read_text())
     assert s["ok"] == N and s["in_flight_abandoned"] == 0, s
     if kill == "both":  # the batches they held ran again, each death charged to its requests
