@@ -75,6 +75,6 @@ def check_deterministic(config: EngineConfig, device: torch.device) -> None:
     """Refuse `deterministic` where no batch-invariant kernels exist, before anything loads."""
     if config.deterministic and not batch_invariant_serves(device):
         raise ConfigError(
-            f"deterministic: batch-invariant kernels run on the CPU only so far, not on "
-            f"{device.type} with the Triton kernels; run with --device cpu, or without it"
+            f"deterministic: runs on the CPU only so far (its batch-invariant Triton kernels "
+            f"are not yet verified on {device.type} GPUs); run with --device cpu, or without it"
         )

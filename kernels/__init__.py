@@ -9,8 +9,10 @@ torch's own, except in bfloat16 on the CPU (`pack_linear_weight`, `packed_linear
 each weight packed once, `kernels.onednn`).
 
 Batch-invariant ops (`batch_invariant=True` of `paged_attention`, `invariant_linear`): a row's
-result does not depend on the other rows of the call, for the engine's `deterministic` setting;
-on the CPU (`kernels.batch_invariant`) so far, `batch_invariant_serves` says where.
+result does not depend on the other rows of the call, for the engine's `deterministic` setting:
+`kernels.batch_invariant` on the CPU, the Triton attention with one config and no split-KV and
+`kernels.triton_matmul` where the Triton kernels serve; `batch_invariant_serves` says where the
+engine may use them.
 """
 
 from __future__ import annotations
@@ -190,18 +192,18 @@ def paged_attention(
     where `batch_invariant_serves`).
     """
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
-    if batch_invariant:
-        _check_batch_invariant(q)
-        from . import batch_invariant as invariant
-
-        return invariant.paged_attention(*args, softmax_scale, plan_cache=plan_cache)
     if _use_triton(q):
         with _needs_triton():
             from .triton_attention import paged_attention as triton_paged_attention
 
         return triton_paged_attention(
-            *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits
-        )
+            *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits,
+            batch_invariant=batch_invariant,
+        )  # fmt: skip
+    if batch_invariant:
+        from . import batch_invariant as invariant
+
+        return invariant.paged_attention(*args, softmax_scale, plan_cache=plan_cache)
     return reference.paged_attention(
         *args, max_seqlen_q, max_seqlen_k, softmax_scale, plan_cache=plan_cache
     )
@@ -220,24 +222,25 @@ def rms_norm(
 
 
 def batch_invariant_serves(device: torch.device) -> bool:
-    """Whether batch-invariant ops exist for tensors on this device: the CPU's, not the Triton
-    kernels (yet)."""
-    return not _triton_serves(device)
-
-
-def _check_batch_invariant(tensor: Tensor) -> None:
-    if not batch_invariant_serves(tensor.device):
-        raise NotImplementedError(
-            f"no batch-invariant kernels for {tensor.device.type} tensors served by Triton"
-        )
+    """Whether the engine may run its `deterministic` setting on this device: the CPU ops and
+    the Triton kernels under the CPU interpreter, where the tests show a row's bits alone and in
+    any batch to be the same. CUDA devices wait until that grid has passed on a GPU: the same
+    kernels compile for them, but a row's bits there also depend on the instructions the
+    compiler picks, which only a GPU can show."""
+    return device.type != "cuda"
 
 
 def invariant_linear(
     x: Tensor, weight: Tensor, packed: Tensor | None = None, bias: Tensor | None = None
 ) -> Tensor:
     """`F.linear(x, weight, bias)` whose rows' bits do not depend on the other rows of `x`
-    (`packed`: `pack_linear_weight(weight)` or None); `kernels.batch_invariant.linear`."""
-    _check_batch_invariant(x)
+    (`packed`: `pack_linear_weight(weight)` or None): `kernels.triton_matmul.linear` where the
+    Triton kernels serve, else `kernels.batch_invariant.linear`."""
+    if _use_triton(x):
+        with _needs_triton():
+            from .triton_matmul import linear as triton_linear
+
+        return triton_linear(x, weight, bias)
     from . import batch_invariant as invariant
 
     return invariant.linear(x, weight, packed, bias)

@@ -1,4 +1,5 @@
-"""Launch configurations of the Triton attention kernels, one small table per architecture family.
+"""Launch configurations of the Triton attention and batch-invariant matmul kernels, one small
+table per architecture family.
 
 Chosen offline (no autotuning at run time). Families: `sm75` (Turing: no sm_80+ features, FMA
 dots, no software pipelining, 64 KB shared memory per program), `sm80` (Ampere/Ada) and `sm90`
@@ -112,3 +113,68 @@ def lookup(capability: tuple[int, int] | None, phase: str, head_dim: int) -> Att
         block_m = max(16, cfg.block_m // 2)
         return replace(cfg, block_m=block_m, tile_n=tile_n)
     return cfg
+
+
+# The `deterministic` setting: one attention config serves decode and prefill alike, so a row's
+# tile shape, warp layout and therefore its reduction order do not depend on the phase of the
+# step it runs in (see `triton_attention.paged_attention(batch_invariant=True)`). 64 rows is the
+# smallest tile Hopper's warp-group MMA takes; decode programs pad their GQA group to it.
+INVARIANT_CONFIGS: dict[str, AttentionConfig] = {
+    "sm75": AttentionConfig(block_m=64, tile_n=32, num_warps=4, num_stages=1),
+    "sm80": AttentionConfig(block_m=64, tile_n=64, num_warps=4, num_stages=3),
+    "sm90": AttentionConfig(block_m=64, tile_n=64, num_warps=4, num_stages=3),
+}
+INTERPRETER_INVARIANT = AttentionConfig(block_m=64, tile_n=64, num_warps=4, num_stages=1)
+
+
+def lookup_invariant(capability: tuple[int, int] | None, head_dim: int) -> AttentionConfig:
+    """The one attention config of the `deterministic` setting for a device (`None` = the CPU
+    interpreter) and head size."""
+    cfg = INTERPRETER_INVARIANT if capability is None else INVARIANT_CONFIGS[family(capability)]
+    if head_dim > 128:
+        return replace(cfg, tile_n=max(16, cfg.tile_n // 2))
+    return cfg
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Tile shape of the batch-invariant matmul (`triton_matmul`) of one family.
+
+    Attributes:
+        block_m: rows per program; every call's rows are cut into tiles of exactly this many.
+        block_n: widest output columns per program; a weight with too few column tiles to give
+            every SM one takes narrower ones, down to `min_block_n` (`matmul_block_n`).
+        block_k: input features per step of the reduction.
+        num_warps, num_stages: Triton launch parameters.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    min_block_n: int = 32
+
+
+MATMUL_CONFIGS: dict[str, MatmulConfig] = {
+    "sm75": MatmulConfig(block_m=32, block_n=64, block_k=32, num_warps=4, num_stages=1),
+    "sm80": MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
+    "sm90": MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
+}
+INTERPRETER_MATMUL = MatmulConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=1)
+
+
+def lookup_matmul(capability: tuple[int, int] | None) -> MatmulConfig:
+    """The batch-invariant matmul config of a device (`None` = the CPU interpreter)."""
+    return INTERPRETER_MATMUL if capability is None else MATMUL_CONFIGS[family(capability)]
+
+
+def matmul_block_n(cfg: MatmulConfig, out_features: int, num_sms: int) -> int:
+    """Output columns per program for a weight of `out_features` rows: the config's width,
+    halved while the weight would have fewer column tiles than half the SMs (a decode step's few
+    rows then still stream the weight on most of the GPU). Set by the weight and the device
+    alone, never by the call's row count."""
+    block_n = cfg.block_n
+    while block_n > cfg.min_block_n and -(-out_features // block_n) < num_sms // 2:
+        block_n //= 2
+    return block_n

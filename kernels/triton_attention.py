@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .configs import AttentionConfig, lookup, pdl_capable, phase_of
+from .configs import AttentionConfig, lookup, lookup_invariant, pdl_capable, phase_of
 from .triton_splits import _merge_splits, _split_counters, choose_num_splits
 
 LOG2E = 1.4426950408889634
@@ -63,6 +63,7 @@ def _tile(
     qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
+    COLUMN_SUMS: tl.constexpr,
 ):  # fmt: skip
     """One KV tile `j` (positions `j * TILE_N ...`, block ids `blk_next`) folded into the online
     softmax state (m_i, l_acc, acc); returns it with the block ids of this split's next tile.
@@ -97,7 +98,7 @@ def _tile(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
-    if BLOCK_Q == 1:
+    if COLUMN_SUMS:
         l_acc = l_acc * alpha[:, None] + p
     else:
         l_acc = l_acc * alpha[:, None] + tl.sum(p, 1, keep_dims=True)
@@ -121,6 +122,7 @@ def _attn_fwd(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
     DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,
+    COLUMN_SUMS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -176,9 +178,10 @@ def _attn_fwd(
             return
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     # One-token query blocks (decode) keep their row sums per column and sum them once after
-    # the loop: a row's columns span every warp, so a sum per tile is a shared-memory reduction
-    # and barrier each time (prefill's 128-row blocks would not keep the registers).
-    if BLOCK_Q == 1:
+    # the loop (`COLUMN_SUMS`): a row's columns span every warp, so a sum per tile is a
+    # shared-memory reduction and barrier each time (prefill's 128-row blocks would not keep
+    # the registers). Batch-invariant calls sum per tile in decode too, as prefill rows do.
+    if COLUMN_SUMS:
         l_acc = tl.zeros([BLOCK_M, TILE_N], tl.float32)
     else:
         l_acc = tl.zeros([BLOCK_M, 1], tl.float32)
@@ -203,7 +206,7 @@ def _attn_fwd(
             m_i, l_acc, acc, blk_next = _tile(
                 j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
                 d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1,
+                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1, COLUMN_SUMS,
             )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
@@ -274,12 +277,16 @@ def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
     return (props.major, props.minor), props.multi_processor_count
 
 
-def tile_shape(group: int, decode: bool, cfg: AttentionConfig) -> tuple[int, int]:
-    """(BLOCK_Q query tokens, BLOCK_M rows) of one program for a GQA group size."""
-    if decode:
-        return 1, max(cfg.min_rows, triton.next_power_of_2(group))
+def tile_shape(
+    group: int, decode: bool, cfg: AttentionConfig, batch_invariant: bool = False
+) -> tuple[int, int]:
+    """(BLOCK_Q query tokens, BLOCK_M rows) of one program for a GQA group size. Batch-invariant
+    decode programs take prefill's row count, so both run the same tile shape."""
     block_q = max(1, cfg.block_m // group)
-    return block_q, max(16, triton.next_power_of_2(block_q * group))
+    block_m = max(16, triton.next_power_of_2(block_q * group))
+    if decode:
+        return 1, block_m if batch_invariant else max(cfg.min_rows, triton.next_power_of_2(group))
+    return block_q, block_m
 
 
 def paged_attention(
@@ -294,6 +301,7 @@ def paged_attention(
     softmax_scale: float,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
+    batch_invariant: bool = False,
 ) -> Tensor:
     """Causal attention of a flat varlen batch over a paged KV cache (see the reference op).
 
@@ -302,6 +310,12 @@ def paged_attention(
     batch (`max_seqlen_q <= 1`, else chosen by `choose_num_splits`) or of every query-block
     program of a prefill batch (else one: a prefill batch usually has programs enough).
     `config` overrides the shipped tile table.
+
+    `batch_invariant`: each row's bits depend on its own sequence alone. Decode and prefill run
+    one config (`configs.lookup_invariant`) with one tile shape and per-tile row sums, and
+    nothing is split (`num_splits` is ignored): a row's keys are summed one tile at a time in
+    key order by one program, and the tiles a prefill block reads past a row's position are
+    masked whole, which leaves its softmax state unchanged bit for bit.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -312,11 +326,16 @@ def paged_attention(
         return out
     capability, num_sms = _device_info(q.device)
     decode = max_seqlen_q <= 1
-    phase = phase_of(decode, num_seqs, num_kv_heads, num_sms)
-    cfg = config or lookup(capability, phase, head_dim)
-    block_q, block_m = tile_shape(group, decode, cfg)
+    if batch_invariant:
+        cfg = config or lookup_invariant(capability, head_dim)
+    else:
+        phase = phase_of(decode, num_seqs, num_kv_heads, num_sms)
+        cfg = config or lookup(capability, phase, head_dim)
+    block_q, block_m = tile_shape(group, decode, cfg, batch_invariant)
     one_qblock = max_seqlen_q <= block_q
-    if decode:
+    if batch_invariant:
+        splits = 1
+    elif decode:
         splits = num_splits or choose_num_splits(
             num_seqs, num_kv_heads, max_seqlen_k, num_sms, cfg.tile_n
         )
@@ -325,7 +344,7 @@ def paged_attention(
     d_pad = max(16, triton.next_power_of_2(head_dim))
     grid0 = num_seqs if one_qblock else num_tokens // block_q + num_seqs
     fused = splits > 1 and cfg.fused_combine
-    pdl = cfg.pdl and decode and pdl_capable(capability)
+    pdl = cfg.pdl and decode and pdl_capable(capability) and not batch_invariant
     if splits > 1:
         ws = (grid0, num_kv_heads, splits, block_m)
         acc_ws = torch.empty((*ws, head_dim), dtype=q.dtype, device=q.device)
@@ -341,7 +360,7 @@ def paged_attention(
         counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
         BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,
-        launch_pdl=pdl,
+        launch_pdl=pdl, COLUMN_SUMS=block_q == 1 and not batch_invariant,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )  # fmt: skip

@@ -125,19 +125,22 @@ def test_without_the_setting_the_projections_are_not_tiled(model):
     assert all(m.batch_invariant for m in llm.model.modules() if hasattr(m, "batch_invariant"))
 
 
+REFUSED = "deterministic: runs on the CPU only so far"
+
+
 def test_cuda_refuses_it_before_loading_anything(model, monkeypatch):
-    monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")  # what CUDA tensors get
-    with pytest.raises(ConfigError, match="deterministic: batch-invariant kernels run on the CPU"):
-        LLM(str(model / "missing"), device="cpu", deterministic=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    with pytest.raises(ConfigError, match=REFUSED):
+        LLM(str(model / "missing"), device="cuda", deterministic=True)
 
 
 def test_a_scaled_out_job_is_refused_where_its_replicas_would_run(model, monkeypatch):
     pytest.importorskip("ray")
     from pagedctl.engine.ray_data import describe  # the probe task a pool runs on a replica
 
-    monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
-    with pytest.raises(ConfigError, match="deterministic: batch-invariant kernels run on the CPU"):
-        describe({"model": str(model / "missing"), "device": "cpu", "deterministic": True})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=REFUSED):
+        describe({"model": str(model / "missing"), "device": "cuda", "deterministic": True})
 
 
 def _job_lines() -> list[dict]:

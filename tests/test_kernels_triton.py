@@ -592,7 +592,9 @@ def test_dispatch_passes_the_split_hint(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(ta, "paged_attention", lambda *a, **k: seen.update(k) or "out")
     monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
     assert kernels.paged_attention(*[None] * 6, 1, 1, 1.0, num_splits=16) == "out"
-    assert seen == {"num_splits": 16}
+    assert seen == {"num_splits": 16, "batch_invariant": False}
+    kernels.paged_attention(*[None] * 6, 1, 1, 1.0, batch_invariant=True)
+    assert seen == {"num_splits": None, "batch_invariant": True}
 
 
 def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc: int, cfg: dict):
@@ -635,6 +637,7 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
         consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_SIZE=16)
         consts.update(BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=cfg.tile_n)
         consts.update(ONE_QBLOCK=decode, DOT_PREC="tf32", PDL=cfg.pdl and decode)
+        consts.update(COLUMN_SUMS=decode)
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         # int64 lengths and offsets: how the engine's step graphs pack them
         ptrs = _attention_pointers(dtype, lengths=["i32", "i64"][i % 2])
@@ -644,7 +647,7 @@ def test_shipped_configs_compile_for_their_architecture(key: tuple[str, str]) ->
             if fam == "sm75":
                 assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
                 assert "mma" not in kernel.asm["ptx"]  # Turing: FMA dots only
-        del consts["BLOCK_SIZE"], consts["DOT_PREC"], consts["PDL"]
+        del consts["BLOCK_SIZE"], consts["DOT_PREC"], consts["PDL"], consts["COLUMN_SUMS"]
         _compile(ta._combine_splits, ptrs, {**consts, "NUM_SPLITS": 4}, TARGETS[fam], {})
 
 
@@ -654,7 +657,7 @@ def test_fp32_test_path_and_write_kv_compile(cc: int) -> None:
     cfg = configs.lookup((cc // 10, cc % 10), "prefill", 64)
     consts = dict(GROUP=3, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=32, BLOCK_Q=21, BLOCK_M=64)
     consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=1, ONE_QBLOCK=False, DOT_PREC="ieee")
-    consts.update(FUSED_COMBINE=False, PDL=False)
+    consts.update(FUSED_COMBINE=False, PDL=False, COLUMN_SUMS=False)
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     kernel = _compile(ta._attn_fwd, _attention_pointers("fp32"), consts, cc, launch)
     assert cc != 75 or kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
@@ -671,7 +674,7 @@ def test_programmatic_dependent_launch_compiles_for_hopper() -> None:
     tables and lengths) and lets the next one launch after its loop; no other family gets it."""
     consts = dict(GROUP=7, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=16, BLOCK_Q=1, BLOCK_M=16)
     consts.update(TILE_N=64, NUM_SPLITS=3, ONE_QBLOCK=True, DOT_PREC="tf32")
-    consts.update(FUSED_COMBINE=True, PDL=True)
+    consts.update(FUSED_COMBINE=True, PDL=True, COLUMN_SUMS=True)
     kernel = _compile(ta._attn_fwd, _attention_pointers("bf16"), consts, 90, {"num_warps": 4})
     ptx = kernel.asm["ptx"]
     assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
