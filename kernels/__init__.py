@@ -8,7 +8,8 @@ forces the reference. Callers never import a backend module directly. The projec
 torch's own, except in bfloat16 on the CPU (`pack_linear_weight`, `packed_linear`: oneDNN with
 each weight packed once, `kernels.onednn`).
 
-Batch-invariant ops (`batch_invariant=True` of `paged_attention`, `invariant_linear`): a row's
+Batch-invariant ops (`batch_invariant=True` of `paged_attention` and `silu_and_mul`,
+`invariant_linear`): a row's
 result does not depend on the other rows of the call, for the engine's `deterministic` setting:
 `kernels.batch_invariant` on the CPU, the Triton attention with one config and no split-KV and
 `kernels.triton_matmul` where the Triton kernels serve; `batch_invariant_serves` says where the
@@ -296,13 +297,19 @@ def rotary_write_kv(
     reference.rotary_write_kv(*args)
 
 
-def silu_and_mul(x: Tensor) -> Tensor:
-    """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`."""
+def silu_and_mul(x: Tensor, batch_invariant: bool = False) -> Tensor:
+    """`silu(gate) * up` of a fused `[T, 2I]` gate/up output; contract in `kernels.reference`.
+    `batch_invariant`: each row's bits depend on that row alone (the Triton kernel's always do;
+    on the CPU, `kernels.batch_invariant.silu_and_mul`)."""
     if _use_triton(x):
         with _needs_triton():
             from .triton_fused import silu_and_mul as triton_silu_and_mul
 
         return triton_silu_and_mul(x)
+    if batch_invariant:
+        from . import batch_invariant as invariant
+
+        return invariant.silu_and_mul(x)
     return reference.silu_and_mul(x)
 
 

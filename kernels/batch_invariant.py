@@ -27,6 +27,9 @@ How these ops fix the order:
   path. A prefill chunk's tiles of one KV head run as one taller matmul per key tile where a
   probe shows that gives the bits of `Q_ROWS`-row matmuls (`wide_rows_agree`).
 
+- `silu_and_mul`: every element of `silu` through torch's vectorised loop, never the scalar
+  tail whose `exp` rounds otherwise (see the function).
+
 Softmax, accumulation and the scores are float32, as in the reference ops. The ops give the same
 bits for any thread count torch uses (the tests compare one and two threads).
 """
@@ -45,6 +48,8 @@ ROWS = onednn.PACK_ROWS  # rows per projection call: the row count weights are p
 Q_ROWS = 4  # query rows (positions x heads of one KV head) per attention tile
 KEY_TILE = 128  # keys per step of the sum over values
 Q_CHUNK = 256  # prefill positions per attention call: bounds the score matrix's memory
+SILU_ALIGN = 64  # elements a gate row is padded to: a multiple of every vector width
+SILU_PIECE = 16384  # elements per `silu` call: a multiple of SILU_ALIGN below torch's grain (32768)
 
 
 def linear(x: Tensor, weight: Tensor, packed: Tensor | None, bias: Tensor | None) -> Tensor:
@@ -61,6 +66,25 @@ def linear(x: Tensor, weight: Tensor, packed: Tensor | None, bias: Tensor | None
         parts = [F.linear(tile, weight, bias) for tile in x.split(ROWS)]
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out[:rows] if pad else out
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """`silu(gate) * up` of a fused `[T, 2I]` gate/up output, each element of `silu` through the
+    vectorised path. torch's elementwise loops run whole vectors and finish a range's last
+    elements one at a time, and its `exp` rounds differently in the two; where the ranges end
+    depends on the tensor's size and how it is split between threads, so a row's bits moved with
+    the batch (float32, `I` not a multiple of 32). Here the gates are copied into rows padded to
+    `SILU_ALIGN` elements and `silu` runs on pieces of `SILU_PIECE` elements: each piece is
+    below torch's parallel grain (one thread, no split inside it) and a multiple of the vector
+    width, so no element is ever a range's tail."""
+    half = x.shape[-1] // 2
+    width = half + (-half % SILU_ALIGN)
+    gate = x.new_zeros(x.shape[0], width)
+    gate[:, :half] = x[:, :half]
+    flat = gate.view(-1)
+    parts = [F.silu(piece) for piece in flat.split(SILU_PIECE)]
+    act = (parts[0] if len(parts) == 1 else torch.cat(parts)).view(-1, width)
+    return act[:, :half] * x[:, half:]
 
 
 def paged_attention(

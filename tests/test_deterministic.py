@@ -246,6 +246,30 @@ def test_a_row_of_the_attention_op_has_the_same_bits_alone():
     assert torch.equal(as_decode, both[59:60])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_swiglu_row_has_the_same_bits_in_any_batch(dtype, threads):
+    """Widths off the vector width (37, 300, 1000) and past one `silu` piece (20000)."""
+    from pagedctl.kernels import reference, silu_and_mul
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for width in (37, 300, 1000, 1536, 20000):
+            gen = torch.Generator().manual_seed(width)
+            x = torch.randn(300, 2 * width, generator=gen).to(dtype)
+            whole = silu_and_mul(x, batch_invariant=True)
+            torch.testing.assert_close(whole, reference.silu_and_mul(x), atol=1e-6, rtol=1e-6)
+            for rows in (1, 2, 3, 17, 33, 129):
+                got = silu_and_mul(x[:rows].clone(), batch_invariant=True)
+                assert torch.equal(got, whole[:rows]), (width, rows)
+            for i in (0, 7, 150, 299):
+                got = silu_and_mul(x[i : i + 1].clone(), batch_invariant=True)
+                assert torch.equal(got, whole[i : i + 1]), (width, i)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_a_projection_row_has_the_same_bits_in_any_batch(dtype):
     from pagedctl.kernels import invariant_linear, pack_linear_weight

@@ -87,10 +87,12 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
         self.down_proj = Linear(intermediate_size, hidden_size)
+        self.batch_invariant = False  # rows computed alike whatever the batch (`deterministic`)
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to `[tokens, hidden]`."""
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        act = silu_and_mul(self.gate_up_proj(x), batch_invariant=self.batch_invariant)
+        return self.down_proj(act)
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
         """Run every projection and attention layer through the batch-invariant ops (or back):
         each row's bits then depend on its own sequence alone (the `deterministic` setting)."""
         for m in self.modules():
-            if isinstance(m, Linear | PagedAttention):
+            if isinstance(m, Linear | PagedAttention | GatedMLP):
                 m.batch_invariant = on
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
