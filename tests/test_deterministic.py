@@ -10,17 +10,15 @@ chunked prefill at two budgets, under forced preemption, with one thread instead
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from pagedctl.engine import LLM, ConfigError, SamplingParams
-from tests.job_utils import answer_tokens, run, start, wait_for_lines, write_jsonl
+from tests.job_utils import answer_tokens, kill_midway, run, write_jsonl
+from tests.tiny_models import save_llama
 
 PREFIX = list(range(100, 164))  # 64 tokens (4 blocks) the probes share with a decoy
 NEW_TOKENS = 24
@@ -29,16 +27,9 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     """Four layers, 8 query heads on 2 KV heads of 32, a 768-wide MLP: every op of a real model."""
-    folder = tmp_path_factory.mktemp("det") / "llama"
-    config = LlamaConfig(
-        vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        architectures=["LlamaForCausalLM"],
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+    sizes = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4)
+    sizes |= dict(num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024)
+    return save_llama(tmp_path_factory.mktemp("det") / "llama", **sizes)
 
 
 def probes() -> list[list[int]]:
@@ -136,7 +127,7 @@ def test_cuda_refuses_it_before_loading_anything(model, monkeypatch):
 
 def test_a_scaled_out_job_is_refused_where_its_replicas_would_run(model, monkeypatch):
     pytest.importorskip("ray")
-    from pagedctl.engine.ray_data import describe  # the probe task a pool runs on a replica
+    from pagedctl.engine.ray_replica import describe  # the probe task a pool runs on a replica
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ConfigError, match=REFUSED):
@@ -168,18 +159,14 @@ def test_a_job_killed_and_resumed_answers_as_one_run_alone(model, tmp_path):
     want = answer_tokens(tmp_path / "ref.out.jsonl")
 
     src = write_jsonl(tmp_path / "in.jsonl", _job_lines())
-    out = tmp_path / "in.out.jsonl"
-    proc = start(src, *common, "--max-num-seqs", "32")
-    seen = wait_for_lines(out, 8, proc, timeout=240)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    seen = kill_midway(src, 8, *common, "--max-num-seqs", "32")
     assert 8 <= seen < len(want), seen
     plain = [a for a in common if a != "--deterministic"]
     r = run(src, *plain, "--max-num-seqs", "32")  # the rest would lose the promise: refused
     assert r.returncode == 64 and "deterministic: recorded true, now (absent)" in r.stderr, r.stderr
     r = run(src, *common, "--max-num-seqs", "32")
     assert r.returncode == 0, r.stderr
-    assert answer_tokens(out) == want
+    assert answer_tokens(tmp_path / "in.out.jsonl") == want
 
 
 def test_the_bundled_model_answers_chat_prompts_alike_in_bfloat16():

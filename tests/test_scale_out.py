@@ -31,7 +31,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 ray = pytest.importorskip("ray")
 
-from pagedctl.engine.ray_data import Ledger, build_processor  # noqa: E402
+from pagedctl.engine.ray_data import build_processor  # noqa: E402
+from pagedctl.engine.ray_replica import Ledger  # noqa: E402
 
 MODEL = ["--model", "tiny-llama", "--temperature", "0", "--ignore-eos", "--max-num-seqs", "32"]
 N = 160
