@@ -4,11 +4,11 @@ The runner reads sequences (tokens, `num_computed_tokens`, block tables) and nev
 owns the KV cache tensors, the per-sequence random generators, a persistent copy of every running
 sequence's block table (host and device), and on CUDA the step graphs (`engine.step_graphs`).
 
-Input preparation is vectorised: each sequence keeps one row of a persistent block-table array, and
-only rows that changed since the last step travel to the device; token ids, positions, slots and
-lengths are packed and sent in one copy (`engine.staging`). On CUDA every step that fits a graph
-replays it; others run eagerly. The only host synchronisation of a step is reading the sampled
-tokens.
+Input preparation is vectorised: each sequence keeps one row of the persistent block tables
+(`engine.block_tables`), and only rows that changed since the last step travel to the device;
+token ids, positions, slots and lengths are packed and sent in one copy (`engine.staging`). On
+CUDA every step that fits a graph replays it; others run eagerly. The only host synchronisation
+of a step is reading the sampled tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import empty_kv_cache, graph_capturable
+from .block_tables import BlockTables
 from .host_kv import HostKVCache
 from .models.attention import AttentionMetadata
 from .profiling import prefill_forward
@@ -63,15 +64,6 @@ class Batch(NamedTuple):
     graph: tuple[str, int] | None  # the graph to replay ("decode", seqs) / ("mixed", tokens)
     table_rows: np.ndarray  # each sequence's row in the persistent block-table array
     starts: np.ndarray  # each sequence's first position in this step
-
-
-@dataclass
-class _Row:
-    """A sequence's row in the persistent block-table array and how much of it is current."""
-
-    slot: int
-    table: list[int]  # the sequence's own list object: replaced on free and fork
-    synced: int
 
 
 class ModelRunner:
@@ -114,16 +106,13 @@ class ModelRunner:
         self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}
+        self.staging = Staging(device)
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
         # plus the blocks reserved ahead of a fork.
-        self._max_blocks = -(-max_model_len // block_size) + 2
-        self._rows: dict[int, _Row] = {}
-        self._dirty: set[int] = set()  # rows whose host copy changed since the last push
-        self._free_slots: list[int] = []
-        self._host_table = np.zeros((0, self._max_blocks), dtype=np.int32)
-        self._dev_table = torch.zeros((0, self._max_blocks), dtype=torch.int32, device=device)
-        self._grow_table(max(16, max_num_seqs))
-        self.staging = Staging(device)
+        max_blocks = -(-max_model_len // block_size) + 2
+        self.tables = BlockTables(
+            max_blocks, block_size, device, self.staging, max(16, max_num_seqs)
+        )
         self.host_kv = HostKVCache(self._kv, num_host_blocks, self.staging)
         self.step_counts: Counter[str] = Counter()  # steps run as "decode" / "mixed" / "eager"
         self.graphs: StepGraphs | None = None
@@ -135,7 +124,7 @@ class ModelRunner:
                 model,
                 self.kv_caches,
                 max_model_len=max_model_len,
-                max_blocks=self._max_blocks,
+                max_blocks=max_blocks,
                 max_batch=min(max_num_seqs, MAX_GRAPH_BATCH),
                 max_tokens=max_num_batched_tokens,
                 max_seqs=max_num_seqs,
@@ -245,7 +234,7 @@ class ModelRunner:
         seqs, n = out.seqs, len(out.seqs)
         ids, positions, slots, lens = step.inputs.view(5, -1)[:4, :n]
         first, table_rows = batch.starts, batch.table_rows
-        ahead = self._slot_mapping(table_rows, first[None, :] + np.arange(1, k)[:, None])
+        ahead = self.tables.slot_mapping(table_rows, first[None, :] + np.arange(1, k)[:, None])
         ahead_dev = self.staging.to_device(
             ahead
         )  # [k - 1, rows]: the slots of the steps after this
@@ -282,8 +271,8 @@ class ModelRunner:
         n = len(seqs)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
         q_lens = np.asarray(nums, dtype=np.int64)
-        slots = np.fromiter((self._sync_row(s) for s in seqs), dtype=np.int64, count=n)
-        self._push_dirty_rows()
+        slots = np.fromiter((self.tables.sync(s) for s in seqs), dtype=np.int64, count=n)
+        self.tables.push()
         seq_lens = starts + q_lens
         decode = bool((q_lens == 1).all())
         if decode:
@@ -311,7 +300,7 @@ class ModelRunner:
         logit_rows = np.flatnonzero(sample_rows).tolist()
         last_token_index = (cu[1:][sample_rows] - 1).tolist()
         token_rows = slots if decode else slots[np.repeat(np.arange(n), q_lens)]
-        slot_mapping = self._slot_mapping(token_rows, positions)
+        slot_mapping = self.tables.slot_mapping(token_rows, positions)
         key = self.graphs.pick(n, len(ids), decode) if self.graphs else None
         if key is not None:
             arrays = (ids, positions, slot_mapping, slots, seq_lens, cu)
@@ -323,7 +312,7 @@ class ModelRunner:
         dev_slots, rest = packed[3 * t : 3 * t + n], packed[3 * t + n :]
         meta = AttentionMetadata(
             slot_mapping=dev_slot,
-            block_tables=self._dev_table.index_select(0, dev_slots),
+            block_tables=self.tables.device_table.index_select(0, dev_slots),
             seq_lens=rest[:n],
             cu_seqlens_q=rest[n:],
             max_seqlen_q=int(q_lens.max()),
@@ -344,67 +333,16 @@ class ModelRunner:
         step = self.graphs[key]
         step.inputs.copy_(self.staging.stage(self.graphs.pack(key, arrays)), non_blocking=True)
         self.staging.staged()
-        torch.index_select(self._dev_table, 0, step.rows, out=step.tables)
+        torch.index_select(self.tables.device_table, 0, step.rows, out=step.tables)
         return Batch(step.ids, step.positions, None, logit_rows, last, key, slots, starts)
 
-    # ------------------------------------------------------------------ block tables
-
-    def _sync_row(self, seq: Sequence) -> int:
-        """The sequence's row in the persistent table, with its block table copied in."""
-        table = seq.block_table
-        row = self._rows.get(seq.seq_id)
-        if row is None:
-            if not self._free_slots:
-                self._grow_table(2 * len(self._host_table))
-            row = self._rows[seq.seq_id] = _Row(self._free_slots.pop(), table, 0)
-        elif row.table is not table or len(table) < row.synced:
-            row.table, row.synced = table, 0  # freed (preempted) or replaced: copy it all again
-        n = len(table)
-        if n > row.synced:
-            if n > self._max_blocks:
-                raise RuntimeError(
-                    f"sequence {seq.seq_id} holds {n} blocks, more than max_model_len allows "
-                    f"({self._max_blocks}); this is a scheduler bug"
-                )
-            self._host_table[row.slot, row.synced : n] = table[row.synced :]
-            self._dirty.add(row.slot)
-            row.synced = n
-        return row.slot
-
-    def _slot_mapping(self, table_rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Cache slots (int64) of `positions` of the sequences in rows `table_rows` (broadcast)."""
-        bs = self.block_size
-        return self._host_table[table_rows, positions // bs].astype(np.int64) * bs + positions % bs
-
-    def _push_dirty_rows(self) -> None:
-        if not self._dirty:
-            return
-        if self.device.type != "cpu":  # on the CPU the device table is the host array
-            idx = np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty))
-            rows = self.staging.to_device(self._host_table[idx])
-            self._dev_table.index_copy_(0, self.staging.to_device(idx), rows)
-        self._dirty.clear()
-
-    def _grow_table(self, num_rows: int) -> None:
-        old = len(self._host_table)
-        host = np.zeros((num_rows, self._max_blocks), dtype=np.int32)
-        host[:old] = self._host_table
-        self._host_table = host
-        if self.device.type == "cpu":
-            self._dev_table = torch.from_numpy(host)
-        else:
-            dev = torch.zeros((num_rows, self._max_blocks), dtype=torch.int32, device=self.device)
-            dev[:old] = self._dev_table
-            self._dev_table = dev
-        self._free_slots.extend(range(num_rows - 1, old - 1, -1))
+    # ------------------------------------------------------------------ block copies
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         src = self.staging.to_device(np.array([s for s, _ in copies], dtype=np.int64))
         dst = self.staging.to_device(np.array([d for _, d in copies], dtype=np.int64))
         self._kv[:, :, dst] = self._kv[:, :, src]  # every layer's K and V in one copy
-        # A copy-on-write replaced a block id inside some table: copy those tables again.
-        for row in self._rows.values():
-            row.synced = 0
+        self.tables.invalidate()  # a copy-on-write replaced a block id inside some table
 
     # ------------------------------------------------------------------ swapping
 
@@ -468,7 +406,7 @@ class ModelRunner:
         self.kv_caches = []
         self._kv = None
         self.host_kv.close()
-        self._rows.clear()
+        self.tables.clear()
 
     # ------------------------------------------------------------------ sampling state
 
@@ -485,6 +423,4 @@ class ModelRunner:
     def release(self, seq: Sequence) -> None:
         """Forget a finished sequence: its generator and its block-table row."""
         self._generators.pop((seq.request_id, seq.sample_index), None)
-        row = self._rows.pop(seq.seq_id, None)
-        if row is not None:
-            self._free_slots.append(row.slot)
+        self.tables.release(seq.seq_id)
