@@ -161,7 +161,8 @@ MATMUL_CONFIGS: dict[str, MatmulConfig] = {
     "sm80": MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
     "sm90": MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
 }
-INTERPRETER_MATMUL = MatmulConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=1)
+# The interpreter runs numpy per program: the fewer programs and steps, the faster.
+INTERPRETER_MATMUL = MatmulConfig(64, 128, 128, num_warps=4, num_stages=1, min_block_n=128)
 
 
 def lookup_matmul(capability: tuple[int, int] | None) -> MatmulConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,16 @@ def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 
             return count
         time.sleep(0.05)
     raise TimeoutError(f"{path} did not reach {n} lines")
+
+
+def kill_midway(src: Path, n: int, *args: str | Path, timeout: float = 240) -> int:
+    """Start `pagedctl generate src ...`, SIGKILL it once its output (`src`'s `.out.jsonl`)
+    holds `n` records, and return how many it held."""
+    proc = start(src, *args)
+    seen = wait_for_lines(src.with_suffix(".out.jsonl"), n, proc, timeout=timeout)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    return seen
 
 
 def by_id(records: list[dict]) -> dict[str, dict]:

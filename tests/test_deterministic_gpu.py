@@ -7,9 +7,8 @@ without CUDA.
 
 from __future__ import annotations
 
-import os
+import gc
 import random
-import signal
 
 import pytest
 import torch
@@ -142,7 +141,7 @@ def test_the_engine_answers_a_request_alike_whatever_ran_beside_it(dtype, seeded
         ]
 
     def engine(**settings) -> LLM:
-        base = dict(device="cuda", dtype=dtype, deterministic=True, gpu_memory_utilization=0.3)
+        base = dict(device="cuda", dtype=dtype, deterministic=True, kv_cache_memory="4GiB")
         return LLM(PRESET, **{**base, **settings})
 
     def tokens(llm, prompts, sp):
@@ -169,6 +168,8 @@ def test_the_engine_answers_a_request_alike_whatever_ran_beside_it(dtype, seeded
         },
     }  # fmt: skip
     for name, settings in runs.items():
+        del llm  # one engine's pool at a time
+        gc.collect()
         llm = engine(**settings)
         assert tokens(llm, mixed, sp_mixed)[30 : 30 + n] == want, name
         if name.startswith("preempted"):
@@ -180,7 +181,7 @@ def test_the_engine_answers_a_request_alike_whatever_ran_beside_it(dtype, seeded
 
 @engine_grid
 def test_a_job_killed_and_resumed_on_the_gpu_answers_as_one_run_alone(tmp_path):
-    from tests.job_utils import answer_tokens, run, start, wait_for_lines, write_jsonl
+    from tests.job_utils import answer_tokens, kill_midway, run, write_jsonl
 
     lines = []
     for i, p in enumerate(_probes() + _crowd(120)):
@@ -188,17 +189,13 @@ def test_a_job_killed_and_resumed_on_the_gpu_answers_as_one_run_alone(tmp_path):
         body |= {"temperature": 0.9, "seed": i} if i % 2 else {"temperature": 0.0}
         lines.append({"custom_id": f"r{i:03d}", **body})
     common = ["--model", PRESET, "--device", "cuda", "--dtype", "bfloat16", "--deterministic"]
-    common += ["--gpu-memory-utilization", "0.3", "-q"]
+    common += ["--kv-cache-memory", "4GiB", "-q"]
     r = run(write_jsonl(tmp_path / "ref.jsonl", lines), *common, "--max-num-seqs", "4")
     assert r.returncode == 0, r.stderr
     want = answer_tokens(tmp_path / "ref.out.jsonl")
     src = write_jsonl(tmp_path / "in.jsonl", lines)
-    out = tmp_path / "in.out.jsonl"
-    proc = start(src, *common, "--max-num-seqs", "64")
-    seen = wait_for_lines(out, 16, proc, timeout=300)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    seen = kill_midway(src, 16, *common, "--max-num-seqs", "64", timeout=300)
     assert 16 <= seen < len(want), seen
     r = run(src, *common, "--max-num-seqs", "64")
     assert r.returncode == 0, r.stderr
-    assert answer_tokens(out) == want
+    assert answer_tokens(tmp_path / "in.out.jsonl") == want

@@ -105,22 +105,16 @@ def test_interp_an_attention_row_has_the_same_bits_alone_chunked_or_decoded(dtyp
 @interp
 def test_interp_the_engine_on_the_triton_kernels_answers_alike(tmp_path, monkeypatch):
     """A random-weight Llama in float16 on the kernels' path (emulated step graphs, whose
-    padding rows and split hints real graphs have): probes alone, then in a mixed batch, after a
-    decoy cached their prefix, with prefill chunks of 16 tokens, and under preemption in a pool
-    of 4-token blocks."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
+    padding rows and split hints real graphs have): probes alone, then in a mixed batch whose
+    steps read a prefix a decoy cached, with prefill chunks of 16 tokens, and under preemption
+    in a pool of 4-token blocks. Steps of at most 64 tokens keep the interpreter's graphs small."""
     from pagedctl.engine import LLM, SamplingParams
+    from tests.tiny_models import save_llama
 
     monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
-    config = LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=320, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        architectures=["LlamaForCausalLM"],
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    save_llama(
+        tmp_path, vocab_size=512, hidden_size=128, intermediate_size=320, num_attention_heads=8
+    )
     rng = random.Random(1)
     prefix = list(range(100, 132))
     probes = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 21)] + [prefix + [5, 6]]
@@ -130,20 +124,21 @@ def test_interp_the_engine_on_the_triton_kernels_answers_alike(tmp_path, monkeyp
 
     def engine(**settings) -> LLM:
         base = dict(device="cpu", dtype="float16", block_size=16, cuda_graphs="emulate")
-        return LLM(str(tmp_path), deterministic=True, **{**base, **settings})
+        base |= dict(max_num_batched_tokens=64, deterministic=True)
+        return LLM(str(tmp_path), **{**base, **settings})
 
     def tokens(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]):
         outs = llm.generate(prompts, params)
         assert all(o.error is None for o in outs), [o.error for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
 
-    want = [tokens(engine(), [p], [s])[0] for p, s in zip(probes, sp, strict=True)]
-    assert not engine().runner._kv.is_contiguous()  # the kernels' head-major cache: their path
+    llm = engine(enable_prefix_caching=False)  # each probe by itself, nothing cached
+    assert not llm.runner._kv.is_contiguous()  # the kernels' head-major cache: their path
+    want = [tokens(llm, [p], [s])[0] for p, s in zip(probes, sp, strict=True)]
     mixed, sp_mixed = crowd[:4] + probes + crowd[4:], [greedy] * 4 + sp + [greedy] * 3
-    assert tokens(engine(), mixed, sp_mixed)[4:7] == want, "in a mixed batch"
     llm = engine()
     tokens(llm, [prefix + [9, 9]], [greedy])
-    assert tokens(llm, probes, sp) == want, "after another request cached the prefix"
+    assert tokens(llm, mixed, sp_mixed)[4:7] == want, "in a mixed batch, the prefix cached"
     assert llm.stats["prefix_cache"]["hits"] > 0
     assert tokens(engine(max_num_batched_tokens=16), mixed, sp_mixed)[4:7] == want, "chunks"
     llm = engine(block_size=4, num_gpu_blocks_override=24, max_num_seqs=8)

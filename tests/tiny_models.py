@@ -60,6 +60,15 @@ def save_tiny_model(arch: str, folder: Path, seed: int = 0):
     return model
 
 
+def save_llama(folder: Path, seed: int = 0, **sizes: int) -> Path:
+    """A random-weight Llama of `COMMON`'s sizes with `sizes` over them (`hidden_size=256`, ...),
+    saved as safetensors; returns the folder."""
+    config = LlamaConfig(**{**COMMON, **sizes}, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Transformers' own greedy `generate` for one unpadded prompt."""
