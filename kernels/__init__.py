@@ -9,11 +9,10 @@ torch's own, except in bfloat16 on the CPU (`pack_linear_weight`, `packed_linear
 each weight packed once, `kernels.onednn`).
 
 Batch-invariant ops (`batch_invariant=True` of `paged_attention` and `silu_and_mul`,
-`invariant_linear`): a row's
-result does not depend on the other rows of the call, for the engine's `deterministic` setting:
-`kernels.batch_invariant` on the CPU, the Triton attention with one config and no split-KV and
-`kernels.triton_matmul` where the Triton kernels serve; `batch_invariant_serves` says where the
-engine may use them.
+`invariant_linear`): a row's result does not depend on the other rows of the call, for the
+engine's `deterministic` setting: `kernels.batch_invariant` on the CPU, the Triton attention with
+one config and no split-KV and `kernels.triton_matmul` where the Triton kernels serve;
+`batch_invariant_serves` says where the engine may use them.
 """
 
 from __future__ import annotations
@@ -225,9 +224,9 @@ def rms_norm(
 def batch_invariant_serves(device: torch.device) -> bool:
     """Whether the engine may run its `deterministic` setting on this device: the CPU ops and
     the Triton kernels under the CPU interpreter, where the tests show a row's bits alone and in
-    any batch to be the same. CUDA devices wait until that grid has passed on a GPU: the same
-    kernels compile for them, but a row's bits there also depend on the instructions the
-    compiler picks, which only a GPU can show."""
+    any batch to be the same. Not CUDA devices yet: the same kernels compile for them, but a
+    row's bits there also depend on the instructions the compiler picks, and no GPU run has
+    confirmed them (tests/test_deterministic_gpu.py is that check)."""
     return device.type != "cuda"
 
 

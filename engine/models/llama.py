@@ -159,8 +159,8 @@ class LlamaForCausalLM(nn.Module):
         return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
     def set_batch_invariant(self, on: bool) -> None:
-        """Run every projection and attention layer through the batch-invariant ops (or back):
-        each row's bits then depend on its own sequence alone (the `deterministic` setting)."""
+        """Run every projection, attention layer and SwiGLU through the batch-invariant ops (or
+        back): each row's bits then depend on its own sequence alone (`deterministic`)."""
         for m in self.modules():
             if isinstance(m, Linear | PagedAttention | GatedMLP):
                 m.batch_invariant = on
