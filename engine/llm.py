@@ -29,6 +29,7 @@ from .model_source import resolve_model
 from .models import build_model
 from .outputs import RequestOutput
 from .pool_sizing import kv_cache_blocks, model_max_len, resolve_max_model_len
+from .profiling import calibrate_preemption
 from .requests import PromptInput, RequestTracker
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -198,7 +199,11 @@ class LLM:
             )
         if c.preemption_mode == "auto" and host >= 2 and blocks >= 2:
             with clock.phase("calibrate"):
-                self.scheduler.costs = self.runner.calibrate_preemption(batched)
+                runner = self.runner
+                self.scheduler.costs = calibrate_preemption(
+                    self.model, runner.kv_caches, runner.host_kv, c.block_size, self.device,
+                    batched,
+                )  # fmt: skip
         self.config = c
         self._sizing["kv_cache_bytes"] = blocks * block_bytes
         self._sizing.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)

@@ -14,7 +14,6 @@ of a step is reading the sampled tokens.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,14 +28,12 @@ from ..kernels import empty_kv_cache, graph_capturable
 from .block_tables import BlockTables
 from .host_kv import HostKVCache
 from .models.attention import AttentionMetadata
-from .profiling import prefill_forward
 from .sampler import Sampler, SamplerOutput, make_generator
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 from .staging import Staging
 from .startup import StartupClock
 from .step_graphs import MAX_GRAPH_BATCH, StepGraphs
-from .swap import PreemptionCosts, fitted
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -353,51 +350,6 @@ class ModelRunner:
         in stream order, so a freed device block is read before anything writes it again."""
         self.host_kv.swap_out([d for d, _ in swap_out], [h for _, h in swap_out])
         self.host_kv.swap_in([h for h, _ in swap_in], [d for _, d in swap_in])
-
-    @torch.inference_mode()
-    def calibrate_preemption(self, max_prefill_tokens: int) -> PreemptionCosts:
-        """Time what `auto` preemption weighs, before any sequence holds a block: a swap's
-        transfer at two sizes (the copies' time, as `HostKVCache` counts it) and a prefill at
-        two lengths, each the fastest of three runs.
-        Writes into the pool's first blocks, which hold nothing yet."""
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-
-        def fastest(fn) -> float:
-            times = []
-            for _ in range(4):  # the first warms up
-                sync()
-                start = time.perf_counter()
-                fn()
-                sync()
-                times.append(time.perf_counter() - start)
-            return min(times[1:])
-
-        num_blocks = self._kv.shape[2]
-        host = self.host_kv
-        sizes = (1, max(2, min(64, num_blocks, host.num_blocks)))
-        rounds = []
-        for n in sizes:  # the copies' own time on the stream: a swap is never waited for
-            ids, times = list(range(n)), []
-            for _ in range(4):  # the first warms up
-                host.reset_seconds()
-                host.swap_out(ids, ids)
-                host.swap_in(ids, ids)
-                times.append(host.seconds)
-            rounds.append(min(times[1:]))
-        host.reset_seconds()  # the timed copies are not the run's
-        transfer = fitted(sizes, (rounds[0] / 2, rounds[1] / 2))
-        pool_tokens = num_blocks * self.block_size
-        long = max(2, min(max_prefill_tokens, 1024, pool_tokens))
-        lengths = (max(1, long // 4), long)
-        prefill = [
-            fastest(
-                lambda t=t: prefill_forward(
-                    self.model, self.kv_caches, t, self.block_size, self.device
-                )
-            )
-            for t in lengths
-        ]
-        return PreemptionCosts(*transfer, *fitted(lengths, tuple(prefill)))
 
     def close(self) -> None:
         """Free the KV cache, the host pool and graphs (the model stays)."""

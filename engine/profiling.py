@@ -1,15 +1,20 @@
-"""Measure what a forward pass costs on a CUDA device, to size the KV cache from what is left."""
+"""Measure what a forward pass costs: on a CUDA device, to size the KV cache from what is left;
+on any device, to weigh swap against recompute for `auto` preemption (`calibrate_preemption`)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
+from torch import Tensor
 
 from ..kernels import empty_kv_cache
 from .config import DEFAULTS
+from .host_kv import HostKVCache
 from .kv_sizing import format_bytes
 from .models.attention import AttentionMetadata
+from .swap import PreemptionCosts, fitted
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -127,3 +132,49 @@ def prefill_forward(
     )
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     return model(ids, positions, caches, meta)
+
+
+@torch.inference_mode()
+def calibrate_preemption(
+    model: torch.nn.Module,
+    kv_caches: list[tuple[Tensor, Tensor]],
+    host: HostKVCache,
+    block_size: int,
+    device: torch.device,
+    max_prefill_tokens: int,
+) -> PreemptionCosts:
+    """Time what `auto` preemption weighs, before any sequence holds a block: a swap's transfer
+    at two sizes (the copies' time, as `HostKVCache` counts it) and a prefill at two lengths,
+    each the fastest of three runs. Writes into the pool's first blocks, which hold nothing yet."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def fastest(fn) -> float:
+        times = []
+        for _ in range(4):  # the first warms up
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    num_blocks = kv_caches[0][0].shape[0]
+    sizes = (1, max(2, min(64, num_blocks, host.num_blocks)))
+    rounds = []
+    for n in sizes:  # the copies' own time on the stream: a swap is never waited for
+        ids, times = list(range(n)), []
+        for _ in range(4):  # the first warms up
+            host.reset_seconds()
+            host.swap_out(ids, ids)
+            host.swap_in(ids, ids)
+            times.append(host.seconds)
+        rounds.append(min(times[1:]))
+    host.reset_seconds()  # the timed copies are not the run's
+    transfer = fitted(sizes, (rounds[0] / 2, rounds[1] / 2))
+    long = max(2, min(max_prefill_tokens, 1024, num_blocks * block_size))
+    lengths = (max(1, long // 4), long)
+    prefill = [
+        fastest(lambda t=t: prefill_forward(model, kv_caches, t, block_size, device))
+        for t in lengths
+    ]
+    return PreemptionCosts(*transfer, *fitted(lengths, tuple(prefill)))
