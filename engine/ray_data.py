@@ -15,11 +15,9 @@ How a request travels (ReplicaPool):
     driver: iter_batches -> the job's records
 
 A replica that dies (killed, out of memory, a failure the engine does not contain) is restarted
-by Ray and its batches run again. `Ledger` counts, per request, the deaths it was running at:
-a batch holding a request that was running at a death runs its requests one at a time, alone on
-the replica, so the next death is charged to the request that caused it; a request charged
-`max_crashes` deaths is returned as an error (`replica_died`) without running again. What runs
-on the replicas (`EngineReplica`, `Ledger`, the feeder, the probe) is `engine.ray_replica`.
+by Ray and its batches run again; the pool's `Ledger` charges each death to the requests that
+were running and gives a request up after `max_crashes`. What runs on the replicas
+(`EngineReplica`, `Ledger`, the feeder, the probe) and how a death is charged: `engine.ray_replica`.
 
 Ray is imported by this module: import it only when Ray is installed (`pagedctl[ray]`).
 """
