@@ -315,7 +315,10 @@ def paged_attention(
     one config (`configs.lookup_invariant`) with one tile shape and per-tile row sums, and
     nothing is split (`num_splits` is ignored): a row's keys are summed one tile at a time in
     key order by one program, and the tiles a prefill block reads past a row's position are
-    masked whole, which leaves its softmax state unchanged bit for bit.
+    masked whole, which leaves its softmax state unchanged bit for bit. Nor does the compiler
+    contract a multiply and an add into one rounding (`enable_fp_fusion`): it would in the tiles
+    every row of a prefill block sees whole (`s * scale - m`) but not in the masked ones, so a
+    key tile's bits would depend on where the row's query block starts.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -363,6 +366,7 @@ def paged_attention(
         launch_pdl=pdl, COLUMN_SUMS=block_q == 1 and not batch_invariant,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+        enable_fp_fusion=not batch_invariant,
     )  # fmt: skip
     if splits > 1 and not fused:
         _combine_splits[(grid0, num_kv_heads)](

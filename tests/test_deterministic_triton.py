@@ -197,7 +197,9 @@ def test_the_invariant_kernels_compile_for_their_architecture(fam: str) -> None:
         consts = dict(GROUP=7, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=16, BLOCK_Q=block_q)
         consts.update(BLOCK_M=block_m, TILE_N=att.tile_n, NUM_SPLITS=1, ONE_QBLOCK=decode)
         consts.update(DOT_PREC="tf32", FUSED_COMBINE=False, PDL=False, COLUMN_SUMS=False)
+        # as `paged_attention` launches batch-invariant calls: no multiply-add contraction
         launch = {"num_warps": att.num_warps, "num_stages": att.num_stages}
+        launch["enable_fp_fusion"] = False
         dtype = "fp16" if fam == "sm75" else "bf16"
         kernel = _compile(ta._attn_fwd, _attention_pointers(dtype), consts, cc, launch)
         ptx[decode] = kernel.asm["ptx"]
@@ -208,3 +210,6 @@ def test_the_invariant_kernels_compile_for_their_architecture(fam: str) -> None:
     for op in ("wgmma.mma_async", "mma.sync"):
         assert (op in ptx[True]) == (op in ptx[False]), op
     assert fam != "sm90" or "wgmma.mma_async" in ptx[True]
+    # and outside the matrix instructions, no fused multiply-add in either phase (Turing's
+    # dots are themselves multiply-adds, the same in both)
+    assert fam == "sm75" or not any("fma.rn.f32" in p for p in ptx.values())
