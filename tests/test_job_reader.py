@@ -605,8 +605,8 @@ def test_files_that_are_not_jsonl_are_refused_whole(tmp_path: Path, head: bytes,
 
 
 def test_the_docs_list_every_field_and_code() -> None:
+    from pagedctl.generate.fields import FIELDS, OTHER_NAMES, UNSUPPORTED
     from pagedctl.generate.reader import ENGINE_ERROR_CODES
-    from pagedctl.generate.validate import FIELDS, OTHER_NAMES, UNSUPPORTED
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "jobs.md").read_text()
     for name in [*FIELDS, *UNSUPPORTED, *OTHER_NAMES, *ERROR_CODES, *ENGINE_ERROR_CODES]:

@@ -9,7 +9,7 @@ Choices worth knowing:
   `max_tokens`; top_k -1 means off (0); an integer completions `logprobs` (0 or 1) means true.
 - The sampling dict holds only the fields the body gave, plus max_tokens (default: the smaller of
   `default_max_tokens` and `max_tokens_limit`), so the caller can lay it over its own defaults.
-- Every field is checked against `FIELDS`: an unknown one is an error naming it; a field of
+- Every field is checked against `fields.FIELDS`: an unknown one is an error naming it; a field of
   OpenAI's or vLLM's API that we do not implement is an error unless set to its neutral value
   (e.g. presence_penalty 0), so nothing that would change the output is silently ignored.
 - `use_beam_search: true` (vLLM's field) makes the line a beam search of `n` beams, which must be
@@ -30,75 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedctl.engine import BeamSearchParams, SamplingParams
+from pagedctl.generate.fields import ENVELOPE, FIELDS, OTHER_NAMES, SIMPLE_IDS, UNSUPPORTED
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOP = 16
 MAX_TOKEN_ID = 2**31 - 1
 MAX_SALT = 256
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-# Every field a request body may carry and what pagedctl does with it: the documented list
-# (docs/jobs.md prints this table; a test keeps the two equal). A field that is not here, in
-# `UNSUPPORTED` or in `OTHER_NAMES` is refused on its line as unknown, as OpenAI's API refuses an
-# unrecognized argument: a typo like "temprature" must never run at the default.
-FIELDS: dict[str, str] = {
-    "messages": "chat: the conversation",
-    "prompt": "completions: the prompt text or token ids",
-    "prompt_token_ids": "simple form: the prompt as token ids",
-    "model": "the served model's name (`--served-model-name`); another name is refused",
-    "max_tokens": "output tokens per sample",
-    "max_completion_tokens": "alias of max_tokens",
-    "n": "samples of one prompt; with use_beam_search, the beam width (every beam is returned)",
-    "best_of": "only equal to n",
-    "use_beam_search": "true: run the request by beam search, n beams, best first",
-    "length_penalty": "beam search: a hypothesis's log-probability is divided by length**this",
-    "early_stopping": 'beam search: true, false or "never", when the search may end',
-    "temperature": "sampling temperature (no effect on beam search)",
-    "top_p": "nucleus sampling (no effect on beam search)",
-    "top_k": "top-k sampling (no effect on beam search)",
-    "min_p": "min-p sampling (no effect on beam search)",
-    "seed": "the request's own random stream (no effect on beam search)",
-    "stop": "stop strings (not with beam search: use stop_token_ids)",
-    "stop_token_ids": "stop token ids",
-    "ignore_eos": "keep going past EOS",
-    "logprobs": "the output tokens' log-probabilities (each hypothesis's with beam search)",
-    "cache_salt": "a tenant's prefix-cache salt: only requests with the same salt share a prefix",
-    "user": "ignored: no effect on the output",
-    "metadata": "ignored: no effect on the output",
-    "store": "ignored: no effect on the output",
-    "service_tier": "ignored: no effect on the output",
-    "priority": "ignored: a batch job runs lines first come, first served",
-    "request_id": "ignored: the job's id is custom_id",
-}
-# Fields of OpenAI's or vLLM's API that pagedctl does not implement, with the values that leave
-# the output unchanged (null always does): accepted at those, `unsupported_field` otherwise.
-UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-    "logit_bias": ({},), "tools": ([],), "functions": ([],),
-    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
-    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
-    "stream": (False,), "stream_options": (), "top_logprobs": (0,), "echo": (False,),
-    "suffix": ("",), "min_tokens": (0,),
-    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
-    "continue_final_message": (False,), "add_special_tokens": (), "modalities": (["text"],),
-    "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
-    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "structured_outputs": (), "prompt_logprobs": (), "bad_words": ([],),
-    "allowed_token_ids": (), "logits_processors": ([],), "chat_template": (),
-    "chat_template_kwargs": ({},), "mm_processor_kwargs": (), "truncate_prompt_tokens": (),
-}  # fmt: skip
-# Names from other APIs (Hugging Face generate, Anthropic, TGI) that mean an OpenAI field.
-OTHER_NAMES: dict[str, str] = {
-    "max_new_tokens": "max_tokens",
-    "max_length": "max_tokens",
-    "stop_sequences": "stop",
-    "do_sample": "temperature (0 is greedy)",
-    "num_return_sequences": "n",
-    "num_beams": "n with use_beam_search: true",
-}
-ENVELOPE = ("custom_id", "method", "url", "body")  # the OpenAI form's top level
-SIMPLE_IDS = ("custom_id", "id")
 
 
 class FieldError(Exception):

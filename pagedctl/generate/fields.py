@@ -1,0 +1,70 @@
+"""What one `pagedctl generate` request line may carry: the body's fields and what pagedctl does
+with each (docs/jobs.md prints `FIELDS`; a test keeps the two equal), the fields of other APIs it
+accepts only at their neutral values, and other APIs' names for OpenAI's fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Every field a request body may carry and what pagedctl does with it. A field that is not here, in
+# `UNSUPPORTED` or in `OTHER_NAMES` is refused on its line as unknown, as OpenAI's API refuses an
+# unrecognized argument: a typo like "temprature" must never run at the default.
+FIELDS: dict[str, str] = {
+    "messages": "chat: the conversation",
+    "prompt": "completions: the prompt text or token ids",
+    "prompt_token_ids": "simple form: the prompt as token ids",
+    "model": "the served model's name (`--served-model-name`); another name is refused",
+    "max_tokens": "output tokens per sample",
+    "max_completion_tokens": "alias of max_tokens",
+    "n": "samples of one prompt; with use_beam_search, the beam width (every beam is returned)",
+    "best_of": "only equal to n",
+    "use_beam_search": "true: run the request by beam search, n beams, best first",
+    "length_penalty": "beam search: a hypothesis's log-probability is divided by length**this",
+    "early_stopping": 'beam search: true, false or "never", when the search may end',
+    "temperature": "sampling temperature (no effect on beam search)",
+    "top_p": "nucleus sampling (no effect on beam search)",
+    "top_k": "top-k sampling (no effect on beam search)",
+    "min_p": "min-p sampling (no effect on beam search)",
+    "seed": "the request's own random stream (no effect on beam search)",
+    "stop": "stop strings (not with beam search: use stop_token_ids)",
+    "stop_token_ids": "stop token ids",
+    "ignore_eos": "keep going past EOS",
+    "logprobs": "the output tokens' log-probabilities (each hypothesis's with beam search)",
+    "cache_salt": "a tenant's prefix-cache salt: only requests with the same salt share a prefix",
+    "user": "ignored: no effect on the output",
+    "metadata": "ignored: no effect on the output",
+    "store": "ignored: no effect on the output",
+    "service_tier": "ignored: no effect on the output",
+    "priority": "ignored: a batch job runs lines first come, first served",
+    "request_id": "ignored: the job's id is custom_id",
+}
+# Fields of OpenAI's or vLLM's API that pagedctl does not implement, with the values that leave
+# the output unchanged (null always does): accepted at those, `unsupported_field` otherwise.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
+    "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
+    "stream": (False,), "stream_options": (), "top_logprobs": (0,), "echo": (False,),
+    "suffix": ("",), "min_tokens": (0,),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "add_special_tokens": (), "modalities": (["text"],),
+    "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "structured_outputs": (), "prompt_logprobs": (), "bad_words": ([],),
+    "allowed_token_ids": (), "logits_processors": ([],), "chat_template": (),
+    "chat_template_kwargs": ({},), "mm_processor_kwargs": (), "truncate_prompt_tokens": (),
+}  # fmt: skip
+# Names from other APIs (Hugging Face generate, Anthropic, TGI) that mean an OpenAI field.
+OTHER_NAMES: dict[str, str] = {
+    "max_new_tokens": "max_tokens",
+    "max_length": "max_tokens",
+    "stop_sequences": "stop",
+    "do_sample": "temperature (0 is greedy)",
+    "num_return_sequences": "n",
+    "num_beams": "n with use_beam_search: true",
+}
+ENVELOPE = ("custom_id", "method", "url", "body")  # the OpenAI form's top level
+SIMPLE_IDS = ("custom_id", "id")
