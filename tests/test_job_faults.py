@@ -291,7 +291,7 @@ def test_a_signal_before_the_first_request_or_after_the_last(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)
         assert stopped.value.code == EXIT_TEMPFAIL
-        job.stop_signal, job._graceful = None, True  # the stream and after it
+        job.stop.signum, job.stop.graceful = None, True  # the stream and after it
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)
         end = job.stopped()
@@ -367,5 +367,5 @@ def test_enospc_and_other_errors_are_told_apart():
     full = job._output_failed(OSError(errno.ENOSPC, "No space left on device", "o.jsonl"))
     assert full.code == EXIT_TEMPFAIL and "the disk is full" in str(full)
     assert job._output_failed(OSError(errno.EACCES, "Permission denied", "o")).code == EXIT_USAGE
-    job._graceful = True  # once records are being written
+    job.stop.graceful = True  # once records are being written
     assert job._output_failed(OSError(errno.EIO, "Input/output error", "o")).code == 74

@@ -14,7 +14,6 @@ the run with what it wrote kept (75 for a full disk, 74 for another I/O error).
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,14 @@ from pagedctl.exits import (
     EXIT_TEMPFAIL,
     EXIT_USAGE,
 )
-from pagedctl.generate.errors import FULL_ERRNOS, PATH_ERRNOS, JobExit, JobStopped, stop_code
+from pagedctl.generate.errors import (
+    FULL_ERRNOS,
+    PATH_ERRNOS,
+    JobExit,
+    JobStopped,
+    StopSignals,
+    stop_code,
+)
 from pagedctl.generate.paths import check_writable, output_paths
 from pagedctl.generate.progress import Reporter
 from pagedctl.generate.reader import (
@@ -56,14 +62,7 @@ from pagedctl.generate.runctl import (
     manifest_path,
 )
 from pagedctl.generate.store import CorruptResults, NotResults, OutputError, ResultStore
-from pagedctl.generate.summary import (
-    beam_summary,
-    combined_stats,
-    replica_summary,
-    replicas_ready_s,
-    snapshots,
-    swap_summary,
-)
+from pagedctl.generate.summary import run_summary, snapshots
 from pagedctl.generate.validate import FieldError, engine_params
 
 ENGINE_BROKEN_AFTER = 8  # engine failures in a row, no success between, that stop a job
@@ -96,11 +95,9 @@ class GenerateJob:
         self.total_lines = 0
         self._held: list[tuple[Any, int]] = []  # engine failures not yet written (see _hold)
         self.counts = JobCounts()
-        self.stop_signal: int | None = None
+        self.stop = StopSignals()
         self.llm = None
         self.store: ResultStore | None = None
-        self._handlers: dict[int, Any] | None = None
-        self._graceful = False  # False: a signal raises JobStopped; True: it stops admission
         self.token_bytes: TokenBytes | None = None  # logprob bytes, once the model is loaded
 
     def run(self) -> dict[str, Any]:
@@ -142,7 +139,7 @@ class GenerateJob:
                 f"the disk is full ({where}); the {kept} records written are kept: free some "
                 "space, then rerun the same command to resume",
             )
-        if e.errno in PATH_ERRNOS and not self._graceful:
+        if e.errno in PATH_ERRNOS and not self.stop.graceful:
             return JobExit(EXIT_USAGE, f"cannot write {where}; give a path that can be written")
         return JobExit(
             EXIT_IOERR,
@@ -183,9 +180,9 @@ class GenerateJob:
             check_manifest(manifest_path(self.out_path), self._manifest(llm), self.force)
         except ManifestMismatch as e:
             raise JobExit(EXIT_USAGE, str(e)) from None
-        self._graceful = True  # a signal from here on stops admission and keeps every record
-        if self.stop_signal is not None:  # one that the engine's start-up caught and went on
-            raise JobStopped(self.stop_signal)
+        self.stop.graceful = True  # a signal from here on stops admission, keeps every record
+        if self.stop.signum is not None:  # one that the engine's start-up caught and went on
+            raise JobStopped(self.stop.signum)
         store.open()
         limits = ReaderLimits(
             max_line_bytes=self.s.max_line_bytes,
@@ -244,9 +241,7 @@ class GenerateJob:
                 self.llm = ScaledOut(
                     engine_settings(self.s.engine), self.s.replicas, self.s.ray_address
                 )
-                if self._handlers is not None:  # Ray's start-up sets SIGTERM's handler its way
-                    for sig in _STOP_SIGNALS:
-                        signal.signal(sig, self._on_signal)
+                self.stop.take_back()  # Ray's start-up sets SIGTERM's handler its way
             else:
                 from pagedctl.engine import LLM
 
@@ -391,55 +386,28 @@ class GenerateJob:
 
     # ------------------------------------------------------------------ signals
 
-    @contextlib.contextmanager
-    def signals(self) -> Iterator[None]:
+    def signals(self) -> contextlib.AbstractContextManager[None]:
         """SIGTERM and SIGINT handled by the job inside the block (nested blocks share one): the
         command holds it from before the model loads to its last line printed."""
-        if self._handlers is not None:
-            yield
-            return
-        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in self._handlers.items():
-                signal.signal(sig, handler)
-            self._handlers = None
-
-    def _on_signal(self, signum: int, frame) -> None:
-        if self.stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.stop_signal = signum
-        if not self._graceful:
-            raise JobStopped(signum)
+        return self.stop.handled()
 
     def stopped(self) -> JobExit | None:
         """The exit of a signal that came after the last request (while the summary printed)."""
-        if self.stop_signal is None:
+        if self.stop.signum is None:
             return None
-        name = signal.Signals(self.stop_signal).name
         return JobExit(
-            stop_code(self.stop_signal),
-            f"stopped by {name} after the last request: every record is written; rerun the "
-            "same command to finish",
+            stop_code(self.stop.signum),
+            f"stopped by {self.stop.name} after the last request: every record is written; "
+            "rerun the same command to finish",
         )
 
     def _stopping(self) -> bool:
-        return self.stop_signal is not None
+        return self.stop.signum is not None
 
     # ------------------------------------------------------------------ the end
 
     def _summary(self, llm, store: ResultStore, wall: float) -> dict[str, Any]:
-        c, snaps = self.counts, snapshots(llm)
-        stats = combined_stats(snaps)
-        memory = {"swap_space_bytes": sum(s["memory"].get("swap_space_bytes", 0) for s in snaps)}
-        scaled = {}
-        if self.s.replicas is not None:
-            scaled = {
-                "replicas": replica_summary(llm, wall),
-                "replica_deaths": llm.deaths(),
-                "replicas_ready_s": replicas_ready_s(snaps, self.s.replicas, wall),
-            }
+        c = self.counts
         return {
             "requests": c.ok + c.failed + c.skipped,
             "ok": c.ok,
@@ -447,31 +415,16 @@ class GenerateJob:
             "skipped_resumed": c.skipped,
             "in_flight_abandoned": len(c.pending),
             "errors_total": store.num_errors_before + store.num_errors,
-            "prompt_tokens": c.prompt_tokens,
-            "output_tokens": c.output_tokens,
-            "wall_s": round(wall, 3),
-            "requests_per_s": round((c.ok + c.failed) / wall, 3) if wall else 0.0,
-            "output_tok_per_s": round(c.output_tokens / wall, 2) if wall else 0.0,
-            "total_tok_per_s": round((c.prompt_tokens + c.output_tokens) / wall, 2)
-            if wall
-            else 0.0,
-            "preemptions": stats["scheduler"]["num_preemptions"],
-            "recomputed_tokens": stats["scheduler"]["num_recomputed_tokens"],
-            "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
-            "peak_kv_usage": round(max((s["peak_kv_usage"] for s in snaps), default=0.0), 4),
-            **beam_summary(stats["beam_search"]),
-            **swap_summary(stats["swap"], memory),
-            **scaled,
-            **({} if self.s.replicas is not None else {"startup": snaps[0].get("startup")}),
+            **run_summary(llm, c, wall, self.s.replicas),
             "output": str(self.out_path),
             "errors": str(self.err_path),
-            "interrupted_by": signal.Signals(self.stop_signal).name if self.stop_signal else None,
+            "interrupted_by": self.stop.name,
         }
 
     def _finish(self, summary: dict[str, Any], store: ResultStore) -> None:
-        if self.stop_signal is not None:
+        if self.stop.signum is not None:
             raise JobExit(
-                stop_code(self.stop_signal),
+                stop_code(self.stop.signum),
                 f"stopped by {summary['interrupted_by']}: rerun the same command "
                 f"to resume ({summary['ok'] + summary['failed']} results kept)",
             )
@@ -484,9 +437,6 @@ class GenerateJob:
                 f"{summary['ok'] + summary['failed']} results are kept: rerun the same command "
                 "to run them",
             )
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def exit_code_for(summary: dict[str, Any]) -> int:

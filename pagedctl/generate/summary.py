@@ -111,3 +111,36 @@ def swap_summary(swap: dict[str, Any], memory: dict[str, Any]) -> dict[str, Any]
             **({"costs": swap["costs"]} if swap["costs"] else {}),  # what auto decided from
         }
     }
+
+
+def run_summary(llm, counts, wall: float, replicas: int | None) -> dict[str, Any]:
+    """A run's figures for the summary: throughput over `wall` seconds of `counts` (the job's
+    JobCounts), the engines' scheduler, cache, beam and swap figures, and with `replicas` each
+    replica's share."""
+    c, snaps = counts, snapshots(llm)
+    stats = combined_stats(snaps)
+    memory = {"swap_space_bytes": sum(s["memory"].get("swap_space_bytes", 0) for s in snaps)}
+    scaled = {}
+    if replicas is not None:
+        scaled = {
+            "replicas": replica_summary(llm, wall),
+            "replica_deaths": llm.deaths(),
+            "replicas_ready_s": replicas_ready_s(snaps, replicas, wall),
+        }
+    per_s = (lambda n: round(n / wall, 2)) if wall else (lambda n: 0.0)
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "output_tokens": c.output_tokens,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round((c.ok + c.failed) / wall, 3) if wall else 0.0,
+        "output_tok_per_s": per_s(c.output_tokens),
+        "total_tok_per_s": per_s(c.prompt_tokens + c.output_tokens),
+        "preemptions": stats["scheduler"]["num_preemptions"],
+        "recomputed_tokens": stats["scheduler"]["num_recomputed_tokens"],
+        "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
+        "peak_kv_usage": round(max((s["peak_kv_usage"] for s in snaps), default=0.0), 4),
+        **beam_summary(stats["beam_search"]),
+        **swap_summary(stats["swap"], memory),
+        **scaled,
+        **({} if replicas is not None else {"startup": snaps[0].get("startup")}),
+    }
