@@ -198,7 +198,7 @@ class EngineConfig:
     deterministic: bool = setting(
         False,
         "Batch-invariant kernels: a request's greedy or seeded output depends on the request "
-        "alone, not on what ran beside it, in every dtype (slower; the CPU only so far).",
+        "alone, not on what ran beside it, in every dtype (slower).",
         "bool",
     )
     debug: bool = setting(

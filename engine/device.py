@@ -74,7 +74,10 @@ def default_cpu_kv_bytes() -> int:
 def check_deterministic(config: EngineConfig, device: torch.device) -> None:
     """Refuse `deterministic` where no batch-invariant kernels exist, before anything loads."""
     if config.deterministic and not batch_invariant_serves(device):
-        raise ConfigError(
-            f"deterministic: runs on the CPU only so far (its batch-invariant Triton kernels "
-            f"are not yet verified on {device.type} GPUs); run with --device cpu, or without it"
+        why = (
+            "PAGEDCTL_KERNELS=reference forces PyTorch's ops, whose reductions change with the "
+            "batch; unset it"
+            if device.type == "cuda"
+            else f"no batch-invariant kernels for {device.type} devices; run on cpu or cuda"
         )
+        raise ConfigError(f"deterministic: {why}, or run without it")

@@ -222,12 +222,12 @@ def rms_norm(
 
 
 def batch_invariant_serves(device: torch.device) -> bool:
-    """Whether the engine may run its `deterministic` setting on this device: the CPU ops and
-    the Triton kernels under the CPU interpreter, where the tests show a row's bits alone and in
-    any batch to be the same. Not CUDA devices yet: the same kernels compile for them, but a
-    row's bits there also depend on the instructions the compiler picks, and no GPU run has
-    confirmed them (tests/test_deterministic_gpu.py is that check)."""
-    return device.type != "cuda"
+    """Whether the engine may run its `deterministic` setting on this device: the CPU (its own
+    ops, or the Triton kernels under the interpreter) and CUDA devices where the Triton kernels
+    serve (tests/test_deterministic_gpu.py checks a row's bits there alone and in any batch).
+    Not CUDA with `PAGEDCTL_KERNELS=reference`: torch's CUDA matmuls pick their split of the
+    reduction by the shape of the batch."""
+    return device.type == "cpu" or (device.type == "cuda" and _triton_serves(device))
 
 
 def invariant_linear(

@@ -116,11 +116,12 @@ def test_without_the_setting_the_projections_are_not_tiled(model):
     assert all(m.batch_invariant for m in llm.model.modules() if hasattr(m, "batch_invariant"))
 
 
-REFUSED = "deterministic: runs on the CPU only so far"
+REFUSED = "deterministic: PAGEDCTL_KERNELS=reference forces PyTorch's ops"
 
 
-def test_cuda_refuses_it_before_loading_anything(model, monkeypatch):
+def test_cuda_with_the_reference_ops_refuses_it_before_loading_anything(model, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    monkeypatch.setenv("PAGEDCTL_KERNELS", "reference")
     with pytest.raises(ConfigError, match=REFUSED):
         LLM(str(model / "missing"), device="cuda", deterministic=True)
 
@@ -130,6 +131,7 @@ def test_a_scaled_out_job_is_refused_where_its_replicas_would_run(model, monkeyp
     from pagedctl.engine.ray_replica import describe  # the probe task a pool runs on a replica
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("PAGEDCTL_KERNELS", "reference")
     with pytest.raises(ConfigError, match=REFUSED):
         describe({"model": str(model / "missing"), "device": "cuda", "deterministic": True})
 
