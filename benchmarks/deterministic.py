@@ -3,8 +3,8 @@
 `python -m benchmarks.deterministic --dtypes bfloat16,float16,float32 --out results` (results/
 deterministic-cpu.md, .json) from the repository root runs the cron job's workload: the 32
 chat prompts of recipes/data/chat-cpu.jsonl on the bundled SmolLM2-135M-Instruct, greedy, each
-request's own `max_tokens`. `--recipe nano-bench` runs a bench recipe's workload instead (on a
-GPU, once the setting exists there).
+request's own `max_tokens`. `--recipe nano-bench --device cuda --dtypes bfloat16` runs a bench
+recipe's workload instead (results/deterministic-h200.md).
 
 Per dtype, one engine alternates the two modes (`reconfigure`, which empties the prefix cache), the
 order reversed every repeat, after an untimed warm-up of each: the figure is output tokens over the

@@ -14,8 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedctl.kernels import batch_invariant_serves
-
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -108,11 +106,6 @@ def test_an_attention_row_has_the_same_bits_in_any_batch(dtype):
 
 # --------------------------------------------------------------- the engine at real sizes
 
-engine_grid = pytest.mark.skipif(
-    not batch_invariant_serves(torch.device("cuda")),
-    reason="the engine does not offer `deterministic` on CUDA devices yet",
-)
-
 
 def _probes() -> list[list[int]]:
     rng = random.Random(1)
@@ -126,7 +119,6 @@ def _crowd(n: int = 57) -> list[list[int]]:
     return [[rng.randrange(3, 150000) for _ in range(rng.randrange(2, 900))] for _ in range(n)]
 
 
-@engine_grid
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_engine_answers_a_request_alike_whatever_ran_beside_it(dtype, seeded):
@@ -179,7 +171,6 @@ def test_the_engine_answers_a_request_alike_whatever_ran_beside_it(dtype, seeded
             assert llm.stats["prefix_cache"]["hits"] >= n
 
 
-@engine_grid
 def test_a_job_killed_and_resumed_on_the_gpu_answers_as_one_run_alone(tmp_path):
     from tests.job_utils import answer_tokens, kill_midway, run, write_jsonl
 
