@@ -127,14 +127,13 @@ def run_summary(llm, counts, wall: float, replicas: int | None) -> dict[str, Any
             "replica_deaths": llm.deaths(),
             "replicas_ready_s": replicas_ready_s(snaps, replicas, wall),
         }
-    per_s = (lambda n: round(n / wall, 2)) if wall else (lambda n: 0.0)
     return {
         "prompt_tokens": c.prompt_tokens,
         "output_tokens": c.output_tokens,
         "wall_s": round(wall, 3),
-        "requests_per_s": round((c.ok + c.failed) / wall, 3) if wall else 0.0,
-        "output_tok_per_s": per_s(c.output_tokens),
-        "total_tok_per_s": per_s(c.prompt_tokens + c.output_tokens),
+        "requests_per_s": _per_s(c.ok + c.failed, wall, 3),
+        "output_tok_per_s": _per_s(c.output_tokens, wall),
+        "total_tok_per_s": _per_s(c.prompt_tokens + c.output_tokens, wall),
         "preemptions": stats["scheduler"]["num_preemptions"],
         "recomputed_tokens": stats["scheduler"]["num_recomputed_tokens"],
         "prefix_cache_hit_rate": round(stats["prefix_cache"]["hit_rate"], 4),
@@ -144,3 +143,7 @@ def run_summary(llm, counts, wall: float, replicas: int | None) -> dict[str, Any
         **scaled,
         **({} if replicas is not None else {"startup": snaps[0].get("startup")}),
     }
+
+
+def _per_s(count: int, wall: float, digits: int = 2) -> float:
+    return round(count / wall, digits) if wall else 0.0
