@@ -532,7 +532,8 @@ class LLM:
         `memory`): what one replica of a scaled-out job reports."""
         sched, kv = self.scheduler, self.scheduler.kv
         return {
-            "running": len(sched.running),
+            "running": len(sched.running),  # sequences (a request of n samples runs n)
+            "running_requests": len({seq.request_id for seq in sched.running}),
             "waiting": len(sched.waiting),
             "swapped": sched.num_swapped,
             "kv_usage": kv.usage,

@@ -25,15 +25,16 @@ def shipped_recipes() -> dict[str, Path]:
 
 def find_recipe(name_or_path: Path | str) -> Path:
     """The file a `--recipe` value names: an existing path, else a shipped recipe's name
-    (`nano-bench`), also as the repository spells it (`recipes/nano-bench.yaml`). A path that
-    names no file (`./mine.yaml`) is an error, never quietly a shipped recipe of that name."""
+    (`nano-bench`, or `nano-bench.yaml` where no such file is here), also as the repository
+    spells it (`recipes/nano-bench.yaml`). A path with a folder that names no file
+    (`./mine.yaml`) is an error, never quietly a shipped recipe of that name."""
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.is_file():
         return path
     shipped = shipped_recipes()
     name = text.removeprefix("recipes/").removesuffix(".yaml")
-    is_name = "/" not in text and not text.endswith((".yaml", ".yml"))
+    is_name = "/" not in text and not text.endswith(".yml")
     if (is_name or text.startswith("recipes/")) and name in shipped:
         return shipped[name]
     raise RecipeError(

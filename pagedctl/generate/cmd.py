@@ -31,8 +31,10 @@ from pagedctl.exits import (
     EXIT_TEMPFAIL,
     EXIT_USAGE,
 )
-from pagedctl.generate.job import GenerateJob, JobExit, JobStopped, exit_code_for
-from pagedctl.generate.recipe import load_recipe, merge
+from pagedctl.generate.deadline import Deadline
+from pagedctl.generate.job import GenerateJob, JobExit, JobStopped
+from pagedctl.generate.recipe import JobSettings, load_recipe, merge
+from pagedctl.generate.spool import run_spool
 from pagedctl.options import engine_flags, with_default
 from pagedctl.recipe_file import RecipeError, find_recipe
 
@@ -68,16 +70,50 @@ def generate(
         None,
         "-o",
         "--output",
-        help=with_default("Results file.", "IN.out.jsonl"),
+        help=with_default(
+            "Results file; may hold {input_stem}, {input_sha} and {date}.", "IN.out.jsonl"
+        ),
         show_default=False,
         readable=False,
     ),
     errors: Path | None = typer.Option(
         None,
         "--errors",
-        help=with_default("Error records.", "IN.errors.jsonl"),
+        help=with_default("Error records (templates as --output).", "IN.errors.jsonl"),
         show_default=False,
         readable=False,
+    ),
+    input_dir: Path | None = typer.Option(
+        None,
+        "--input-dir",
+        help="A spool folder: run every input in it that has no complete output, oldest first, "
+        "on one model load.",
+        show_default=False,
+        readable=False,
+    ),
+    output_dir: Path | None = typer.Option(
+        None,
+        "--output-dir",
+        help=with_default("Where a spool folder's outputs go.", "the --input-dir"),
+        show_default=False,
+        readable=False,
+    ),
+    min_age: str | None = typer.Option(
+        None,
+        "--min-age",
+        help=with_default(
+            "Leave a spool file changed less than this long ago (still being written) for "
+            "the next run: 90, 30s, 5m.",
+            "60s",
+        ),
+        show_default=False,
+    ),
+    time_limit: str | None = typer.Option(
+        None,
+        "--time-limit",
+        help="Stop admitting lines after this long (45m, 2h, 1h30m), finish what runs, write "
+        "the summary and exit 75: the next run resumes.",
+        show_default=False,
     ),
     recipe: Path | None = typer.Option(None, "--recipe", help="YAML recipe; flags override it."),
     max_tokens: int | None = typer.Option(
@@ -102,7 +138,10 @@ def generate(
         None, "--ignore-eos", help="Default: keep going past EOS."
     ),
     summary_json: Path | None = typer.Option(
-        None, "--summary-json", help="Write the summary here.", readable=False
+        None,
+        "--summary-json",
+        help="Write the summary here (templates as --output).",
+        readable=False,
     ),
     log_format: str = typer.Option("text", help="text or json (JSON lines on stderr)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
@@ -139,6 +178,7 @@ def generate(
     completion order (join on custom_id); bad lines and refused requests to the errors file with
     a code. Rerunning the same command resumes where the last run stopped.
     """
+    started = time.monotonic()
     if log_format not in ("text", "json"):
         raise typer.BadParameter("--log-format is text or json")
     _configure_logging(quiet, log_format)
@@ -152,6 +192,10 @@ def generate(
         "input": input,
         "output": output,
         "errors": errors,
+        "input_dir": input_dir,
+        "output_dir": output_dir,
+        "min_age": min_age,
+        "time_limit": time_limit,
         "summary_json": summary_json,
         "max_line_bytes": max_line_bytes,
         "sampling_max_tokens": max_tokens,
@@ -165,7 +209,10 @@ def generate(
         "replicas": replicas,
         "ray_address": ray_address,
     }
-    settings = merge(doc, flags, engine or {}, base=recipe.parent if recipe else None)
+    try:
+        settings = merge(doc, flags, engine or {})
+    except ValueError as e:  # a duration or a path template
+        _fail(EXIT_USAGE, str(e), log_format)
     if settings.ray_address is not None and settings.replicas is None:
         _fail(EXIT_USAGE, "--ray-address needs --replicas N", log_format)
     if settings.replicas is not None and importlib.util.find_spec("ray") is None:
@@ -174,15 +221,12 @@ def generate(
         SamplingParams(**settings.sampling)
     except (TypeError, ValueError) as e:
         _fail(EXIT_USAGE, f"sampling defaults: {e}", log_format)
+    deadline = Deadline(settings.time_limit_s, start=started)
     try:
-        job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format)
-        with job.signals():  # from before the model loads to the last line of the summary
-            summary = job.run()
-            code = exit_code_for(summary)
-            _report(summary, settings.summary_json, quiet and code == 0, log_format)
-            stopped = job.stopped()
-            if stopped is not None:
-                raise stopped
+        if settings.input_dir is not None:
+            code = _run_spool(settings, deadline, force, quiet, log_format)
+        else:
+            code = _run_one(settings, deadline, force, quiet, log_format)
     except (JobExit, JobStopped) as e:
         _fail(e.code, str(e), log_format)
     except KeyboardInterrupt:
@@ -190,6 +234,48 @@ def generate(
     except Exception as e:
         _unexpected(e, bool(settings.engine.get("debug")), log_format)
     raise typer.Exit(code)
+
+
+def _run_one(
+    settings: JobSettings, deadline: Deadline, force: bool, quiet: bool, log_format: str
+) -> int:
+    """One input: its summary printed and written however the run ends once its paths are
+    known (a signal during the model load included); JobExit for a code with a reason."""
+    job = GenerateJob(settings, force=force, quiet=quiet, log_format=log_format, deadline=deadline)
+    with job.signals():  # from before the model loads to the last line of the summary
+        try:
+            result = job.run()
+        except JobStopped as e:
+            summary = job.stopped_summary()
+            if summary is not None:
+                summary["interrupted_by"] = job.interrupted_by()
+                _report(summary, job.summary_path, False, log_format)
+            raise JobExit(e.code, str(e)) from None
+        _report(result.summary, job.summary_path, quiet and result.code == 0, log_format)
+        if result.message is not None:
+            raise JobExit(result.code, result.message)
+        stopped = job.stopped()
+        if stopped is not None:
+            raise stopped
+    return result.code
+
+
+def _run_spool(
+    settings: JobSettings, deadline: Deadline, force: bool, quiet: bool, log_format: str
+) -> int:
+    """Every ready input of a spool folder, each with its own files and summary."""
+
+    def report(job: GenerateJob, summary: dict, code: int) -> None:
+        _report(summary, job.summary_path, quiet and code == 0, log_format)
+
+    outcome = run_spool(
+        settings, deadline, force=force, quiet=quiet, log_format=log_format, report=report
+    )
+    if not quiet or outcome.code not in (0, 3):
+        _print_spool(outcome.rows, log_format)
+    if outcome.message is not None:
+        raise JobExit(outcome.code, outcome.message)
+    return outcome.code
 
 
 generate.__doc__ += f"\n\n    Exit codes: {_EXIT_HELP}."
@@ -276,18 +362,49 @@ def _report(summary: dict, path: Path | None, quiet: bool, log_format: str) -> N
 
 def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
     if log_format == "json":
-        print(json.dumps({"event": "summary", **summary}), file=sys.stderr, flush=True)
+        line = {"ts": round(time.time(), 3), "level": "info", "event": "summary", **summary}
+        print(json.dumps(line, default=str), file=sys.stderr, flush=True)
         return
     if quiet:
         return
-    table = Table(title="pagedctl generate", show_header=False)
+    table = Table(title="pagedctl generate")
     table.add_column("", style="bold")
-    table.add_column("", justify="right", overflow="fold")  # a long path folds, never "…"
+    table.add_column("this run", justify="right", overflow="fold")  # a path folds, never "…"
+    table.add_column("job (all runs)", justify="right", overflow="fold")
+    for name, value, total in summary_rows(summary):
+        table.add_row(name, Text(value), Text(total))  # verbatim: a path may hold "[/b]"
+    _stdout().print(table)
+
+
+def _stdout() -> Console:
+    """Stdout's console; a log or a pipe gets whole rows, not rows folded to 80 columns."""
+    console = Console()
+    return console if console.is_terminal else Console(width=1000)
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str, str]]:
+    """(what, this run, the job over all its runs) for each row of the summary table."""
+    job = summary["job"]
+    state = "complete" if job["complete"] else "not complete"
     rows = [
         (
             "requests (ok / failed / skipped)",
             "{requests} ({ok} / {failed} / {skipped_resumed})".format(**summary),
+            "",
         ),
+        (
+            "records: results / errors",
+            f"{summary['ok']:,} / {summary['failed']:,}",
+            f"{job['results']:,} / {job['errors']:,} of {job['lines']:,} lines, {state}",
+        ),
+        ("  from earlier runs", "", f"{job['results_earlier']:,} / {job['errors_earlier']:,}"),
+    ]
+    if summary.get("interrupted_by"):
+        rows.append(("interrupted by", summary["interrupted_by"], ""))
+    if "wall_s" not in summary:  # stopped before the engine ran
+        rows.append(("results / errors", f"{summary['output']} / {summary['errors']}", ""))
+        return rows
+    run = [
         ("prompt / output tokens", f"{summary['prompt_tokens']:,} / {summary['output_tokens']:,}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),
         ("requests/s", f"{summary['requests_per_s']:.2f}"),
@@ -301,21 +418,19 @@ def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
         ),
         ("prefix-cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"),
         ("peak KV usage", f"{summary['peak_kv_usage']:.1%}"),
-        ("results / errors", f"{summary['output']} / {summary['errors']}"),
     ]
     if beams := summary.get("beam_search"):  # only when beam searches ran
-        rows.insert(
-            -1,
+        run.append(
             (
                 "beam searches: peak blocks (unshared, saved) / copies",
                 "{requests}: {peak_blocks:,} ({peak_blocks_unshared:,}, {shared_saving:.1%}) / "
                 "{cow_copies:,}".format(**beams),
-            ),
+            )
         )
     if swap := summary.get("swap"):  # only when preemption may swap: under the preemptions
         moved = swap["blocks_out"] + swap["blocks_in"]
-        at = 1 + next(i for i, (name, _) in enumerate(rows) if name.startswith("preemptions"))
-        rows.insert(
+        at = 1 + next(i for i, (name, _) in enumerate(run) if name.startswith("preemptions"))
+        run.insert(
             at,
             (
                 f"swap ({swap['preemption_mode']}): out / in, blocks, time, fallbacks",
@@ -325,10 +440,27 @@ def _print_summary(summary: dict, quiet: bool, log_format: str) -> None:
             ),
         )
     if startup := summary.get("startup"):
-        rows.insert(3, ("start-up", startup_line(startup)))
-    for name, value in rows:
-        table.add_row(name, Text(value))  # verbatim: a path may hold "[/b]"
-    Console().print(table)
+        run.insert(2, ("start-up", startup_line(startup)))
+    rows += [(name, value, "") for name, value in run]
+    rows.append(("results / errors", f"{summary['output']} / {summary['errors']}", ""))
+    return rows
+
+
+def _print_spool(rows: list[dict], log_format: str) -> None:
+    """One line per input of a spool folder: what this run did with it."""
+    if log_format == "json":
+        for row in rows:
+            line = {"ts": round(time.time(), 3), "level": "info", "event": "spool_file", **row}
+            print(json.dumps(line, default=str), file=sys.stderr, flush=True)
+        return
+    table = Table(title="pagedctl generate: spool")
+    for name in ("input", "status", "exit", "results", "errors", "output"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(str(row.get(k, ""))) for k in ("input", "status", "exit")),
+                      Text(str(row.get("results", ""))), Text(str(row.get("errors", ""))),
+                      Text(str(row.get("output", ""))))  # fmt: skip
+    _stdout().print(table)
 
 
 def startup_line(startup: dict) -> str:

@@ -31,6 +31,7 @@ from pagedctl.exits import (
     EXIT_TEMPFAIL,
     EXIT_USAGE,
 )
+from pagedctl.generate.deadline import Deadline
 from pagedctl.generate.errors import (
     FULL_ERRNOS,
     PATH_ERRNOS,
@@ -39,7 +40,7 @@ from pagedctl.generate.errors import (
     StopSignals,
     stop_code,
 )
-from pagedctl.generate.paths import check_writable, output_paths
+from pagedctl.generate.paths import base_name, check_writable, output_paths
 from pagedctl.generate.progress import Reporter
 from pagedctl.generate.reader import (
     InputError,
@@ -48,6 +49,7 @@ from pagedctl.generate.reader import (
     ReaderLimits,
     count_lines,
     input_kind,
+    open_input,
     read_requests,
 )
 from pagedctl.generate.recipe import JobSettings
@@ -58,11 +60,16 @@ from pagedctl.generate.runctl import (
     ManifestMismatch,
     check_manifest,
     input_sha256,
+    is_complete,
     lock_path,
     manifest_path,
+    mark_complete,
+    precheck_manifest,
+    read_manifest,
 )
 from pagedctl.generate.store import CorruptResults, NotResults, OutputError, ResultStore
 from pagedctl.generate.summary import run_summary, snapshots
+from pagedctl.generate.templates import RunNames, TemplateError, job_date, today
 from pagedctl.generate.validate import FieldError, engine_params
 
 ENGINE_BROKEN_AFTER = 8  # engine failures in a row, no success between, that stop a job
@@ -81,34 +88,85 @@ class JobCounts:
     )  # custom_id -> (line, endpoint)
 
 
-class GenerateJob:
-    """One run of `pagedctl generate` over an input file."""
+@dataclass
+class JobResult:
+    """How a run ended: its summary (always, an interrupted run's too), its exit code and, for a
+    code other than 0 and 3, the one line that says why."""
 
-    def __init__(self, settings: JobSettings, *, force: bool, quiet: bool, log_format: str):
+    summary: dict[str, Any]
+    code: int
+    message: str | None = None
+
+
+class GenerateJob:
+    """One run of `pagedctl generate` over an input file.
+
+    `llm` is an engine already started (a spool folder runs its files on one, and closes it);
+    `deadline` the command's time limit; `stop` the signal state the runs of one command share.
+    """
+
+    def __init__(
+        self,
+        settings: JobSettings,
+        *,
+        force: bool,
+        quiet: bool,
+        log_format: str,
+        deadline: Deadline | None = None,
+        llm=None,
+        stop: StopSignals | None = None,
+    ):
         if settings.input is None:
-            raise JobExit(EXIT_USAGE, "no input file: give IN.jsonl or job.input in the recipe")
+            raise JobExit(
+                EXIT_USAGE,
+                "no input: give IN.jsonl, --input-dir DIR, or job.input or job.input_dir in the "
+                "recipe",
+            )
         self.s = settings
         self.force = force
         self.quiet, self.log_format = quiet, log_format
-        self.out_path, self.err_path = output_paths(settings)
+        self.deadline = deadline or Deadline(None)
+        self.out_path: Path | None = None  # resolved by `prepare` (templates need the input)
+        self.err_path: Path | None = None
+        self.summary_path: Path | None = None
+        self.input_sha256: str | None = None
+        self.date: str | None = None
+        self.cut_by_limit = False  # the time limit stopped the reading of the input
         self.report: Reporter | None = None
         self.total_lines = 0
         self._held: list[tuple[Any, int]] = []  # engine failures not yet written (see _hold)
         self.counts = JobCounts()
-        self.stop = StopSignals()
-        self.llm = None
+        self.stop = stop or StopSignals()
+        self.llm = llm
+        self.owns_engine = llm is None and stop is None  # a spool folder's job does not
         self.store: ResultStore | None = None
         self.token_bytes: TokenBytes | None = None  # logprob bytes, once the model is loaded
 
-    def run(self) -> dict[str, Any]:
-        """Run the job; returns the summary. Raises JobExit for every non-zero ending, and
+    def prepare(self) -> None:
+        """Everything checked before the model loads: the input (readable, not empty), the
+        output paths (templates rendered, each writable), the files already there (ours), the
+        recorded manifest's settings that do not need the engine. JobExit when one fails."""
+        if self.out_path is not None:
+            return
+        self._check_input()
+        self._resolve_paths()
+        self._check_outputs()
+        self.store = ResultStore(self.out_path, self.err_path, fsync_every=self.s.fsync_every)
+        try:
+            self._check_results(self.store.check_ours)  # before even the lock is created
+            precheck_manifest(manifest_path(self.out_path), self._known_settings(), self.force)
+        except ManifestMismatch as e:
+            raise JobExit(EXIT_USAGE, str(e)) from None
+        except OutputError as e:
+            raise self._output_failed(e) from None
+
+    def run(self) -> JobResult:
+        """Run the job: a JobResult for every ending that has a summary (success, error records,
+        a signal or the time limit once requests ran). Raises JobExit for the others, and
         JobStopped for a signal before the first request."""
         with self.signals():
-            self._check_input()
-            self._check_outputs()
-            self.store = ResultStore(self.out_path, self.err_path, fsync_every=self.s.fsync_every)
+            self.prepare()
             try:
-                self._check_results(self.store.check_ours)  # before even the lock is created
                 with JobLock(self.out_path):
                     return self._run_locked()
             except LockHeld as e:
@@ -116,13 +174,30 @@ class GenerateJob:
             except OutputError as e:
                 raise self._output_failed(e) from None
 
+    def _resolve_paths(self) -> None:
+        """Render `{input_stem}`, `{input_sha}` and `{date}` in the paths the run writes."""
+        s = self.s
+        templates = {k: getattr(s, k) for k in ("output", "errors", "summary_json")}
+        names = RunNames(base_name(s.input.name), self.input_sha256, today())
+        try:
+            out = templates["output"]
+            self.date = job_date(str(out), names) if out is not None else names.today
+            rendered = {
+                k: Path(names.render(str(v), self.date)) if v is not None else None
+                for k, v in templates.items()
+            }
+        except TemplateError as e:
+            raise JobExit(EXIT_USAGE, str(e)) from None
+        self.out_path, self.err_path = output_paths(replace(s, **rendered))
+        self.summary_path = rendered["summary_json"]
+
     def _check_outputs(self) -> None:
         """Refuse a path this run cannot write now, before the model loads, not after."""
         out = self.out_path
         check_writable([
             ("output", out, True),
             ("errors file", self.err_path, True),
-            ("summary", self.s.summary_json, False),  # /dev/stdout will do
+            ("summary", self.summary_path, False),  # /dev/stdout will do
             ("lock", lock_path(out), True),
             ("manifest", manifest_path(out), True),
         ])  # fmt: skip
@@ -157,10 +232,14 @@ class GenerateJob:
             input_kind(src)
             # A whole read, before the model loads: a compressed input's damage shows here.
             self.total_lines = count_lines(src)
+            empty = not _has_content(src)
+            self.input_sha256 = input_sha256(src)
         except OSError as e:
             raise JobExit(EXIT_DATAERR, f"cannot read input {src}: {e.strerror or e}") from None
         except InputError as e:
             raise JobExit(EXIT_DATAERR, str(e)) from None
+        if empty:
+            raise JobExit(EXIT_DATAERR, f"input {src} is empty: it holds no request line")
 
     def _check_results(self, check) -> None:
         try:
@@ -172,12 +251,19 @@ class GenerateJob:
         except CorruptResults as e:
             raise JobExit(EXIT_DATAERR, f"cannot resume: {e}") from None
 
-    def _run_locked(self) -> dict[str, Any]:
+    def _run_locked(self) -> JobResult:
         store = self.store
         self._check_results(store.scan)  # before the model loads, and before a file is touched
+        recorded = read_manifest(manifest_path(self.out_path))
+        done = store.num_ok_before + store.num_errors_before
+        if is_complete(recorded, done) and not self.force:  # nothing left to run
+            summary = self._summary(None, store, 0.0)
+            summary["job"]["complete"] = True
+            return JobResult(summary, exit_code_for(summary))
         llm = self.start_engine()
         try:
-            check_manifest(manifest_path(self.out_path), self._manifest(llm), self.force)
+            manifest = manifest_path(self.out_path)
+            check_manifest(manifest, self._manifest(llm), self.force, date=self.date)
         except ManifestMismatch as e:
             raise JobExit(EXIT_USAGE, str(e)) from None
         self.stop.graceful = True  # a signal from here on stops admission, keeps every record
@@ -203,7 +289,8 @@ class GenerateJob:
         failed = True
         try:
             scaled = {"max_requests": total} if self.s.replicas is not None else {}
-            for out in llm.stream(self._feed(store, limits), should_stop=self._stopping, **scaled):
+            stop = self._must_drop
+            for out in llm.stream(self._feed(store, limits), should_stop=stop, **scaled):
                 self._record(store, out)
                 if self.report.due():
                     self._progress(llm, t0)
@@ -222,10 +309,12 @@ class GenerateJob:
             else:
                 store.close()
         summary = self._summary(llm, store, time.perf_counter() - t0)
-        if self.s.replicas is not None:
+        if self.s.replicas is not None and self.owns_engine:
             llm.close()
-        self._finish(summary, store)
-        return summary
+        code, message = self._ending(summary)
+        if summary["job"]["complete"]:
+            mark_complete(manifest, summary["job"]["results"] + summary["job"]["errors"])
+        return JobResult(summary, code, message)
 
     def start_engine(self):
         """Load the model and size the KV pool (once; `run` calls it if nobody did before);
@@ -252,6 +341,17 @@ class GenerateJob:
             self.token_bytes = TokenBytes(self.llm.tokenizer)
         return self.llm
 
+    def _known_settings(self) -> dict[str, Any]:
+        """The manifest's settings that are known before the engine starts."""
+        deterministic = {"deterministic": True} if self.s.engine.get("deterministic") else {}
+        return {
+            **deterministic,
+            "input_sha256": self.input_sha256,
+            "seed": self.s.engine.get("seed", 0),
+            "sampling_defaults": {k: self.s.sampling[k] for k in sorted(self.s.sampling)},
+            "pagedctl": __version__,
+        }
+
     def _manifest(self, llm) -> dict[str, Any]:
         """What a resume must share with the run that started the output (capacity excepted)."""
         capacity = {
@@ -260,16 +360,13 @@ class GenerateJob:
             if k not in ("dtype", "seed", "deterministic")
         }
         # Bits, not speed: a deterministic job resumed without it would lose what it promised.
-        deterministic = {"deterministic": True} if self.s.engine.get("deterministic") else {}
+        known = self._known_settings()
         return {
-            **deterministic,
-            "input_sha256": input_sha256(self.s.input),
+            **{k: known.pop(k) for k in ("deterministic", "input_sha256") if k in known},
             "model": llm.model_name,
             "dtype": str(llm.dtype).removeprefix("torch."),
             "max_model_len": llm.max_model_len,
-            "seed": self.s.engine.get("seed", 0),
-            "sampling_defaults": {k: self.s.sampling[k] for k in sorted(self.s.sampling)},
-            "pagedctl": __version__,
+            **known,
             "capacity": {**capacity, "device": str(llm.device)},
         }
 
@@ -280,6 +377,9 @@ class GenerateJob:
         c, defaults = self.counts, {k: v for k, v in self.s.sampling.items() if k != "max_tokens"}
         for item in read_requests(self.s.input, limits):
             if self._stopping():
+                return
+            if self.deadline.reached():
+                self.cut_by_limit = True
                 return
             if isinstance(item, LineError):
                 if store.has_error_record(item.line_no, item.custom_id, item.code):
@@ -376,7 +476,8 @@ class GenerateJob:
             ok=c.ok,
             failed=c.failed,
             out_tok_s=round(c.output_tokens / elapsed, 1),
-            running=sum(s["running"] for s in snaps),
+            running=sum(s.get("running_requests", s["running"]) for s in snaps),
+            running_seqs=sum(s["running"] for s in snaps),
             waiting=sum(s["waiting"] for s in snaps),
             **swapped,
             kv_usage=round(sum(s["kv_usage"] for s in snaps) / max(len(snaps), 1), 3),
@@ -404,39 +505,89 @@ class GenerateJob:
     def _stopping(self) -> bool:
         return self.stop.signum is not None
 
+    def _must_drop(self) -> bool:
+        """Whether what runs in the engine is dropped now: a signal, or the time limit's drain
+        allowance spent."""
+        return self._stopping() or (self.cut_by_limit and self.deadline.overrun())
+
+    def interrupted_by(self) -> str | None:
+        """SIGTERM, SIGINT, `time_limit`, or None for a run that was not cut short."""
+        return self.stop.name or ("time_limit" if self.cut_by_limit else None)
+
     # ------------------------------------------------------------------ the end
 
-    def _summary(self, llm, store: ResultStore, wall: float) -> dict[str, Any]:
+    def _summary(self, llm, store: ResultStore | None, wall: float) -> dict[str, Any]:
+        """This run's figures, and the job's over every run so far (`job`); `llm` None for a
+        run stopped before its engine started."""
         c = self.counts
+        ok_before = store.num_ok_before if store else 0
+        errors_before = store.num_errors_before if store else 0
+        ok_total = ok_before + (store.num_ok if store else 0)
+        errors_total = errors_before + (store.num_errors if store else 0)
+        stopped = self.interrupted_by() is not None or bool(c.pending)
+        figures = run_summary(llm, c, wall, self.s.replicas) if llm is not None else {}
         return {
             "requests": c.ok + c.failed + c.skipped,
             "ok": c.ok,
             "failed": c.failed,
             "skipped_resumed": c.skipped,
             "in_flight_abandoned": len(c.pending),
-            "errors_total": store.num_errors_before + store.num_errors,
-            **run_summary(llm, c, wall, self.s.replicas),
+            "errors_total": errors_total,
+            "job": {
+                "lines": self.total_lines,
+                "results": ok_total,
+                "errors": errors_total,
+                "results_earlier": ok_before,
+                "errors_earlier": errors_before,
+                "complete": llm is not None and not stopped,
+            },
+            **figures,
             "output": str(self.out_path),
             "errors": str(self.err_path),
-            "interrupted_by": self.stop.name,
+            "interrupted_by": self.interrupted_by(),
         }
 
-    def _finish(self, summary: dict[str, Any], store: ResultStore) -> None:
+    def stopped_summary(self) -> dict[str, Any] | None:
+        """The summary of a run stopped before its first request (while the model loaded), once
+        its output paths are known; None before that."""
+        if self.out_path is None:
+            return None
+        store = self.store if self.store is not None and self.store._scanned else None
+        return self._summary(None, store, 0.0)
+
+    def _ending(self, summary: dict[str, Any]) -> tuple[int, str | None]:
+        """The exit code of a run that ran its requests, and the line that says why."""
+        kept = f"{summary['ok'] + summary['failed']} results kept"
         if self.stop.signum is not None:
-            raise JobExit(
-                stop_code(self.stop.signum),
-                f"stopped by {summary['interrupted_by']}: rerun the same command "
-                f"to resume ({summary['ok'] + summary['failed']} results kept)",
+            return stop_code(self.stop.signum), (
+                f"stopped by {summary['interrupted_by']}: rerun the same command to resume ({kept})"
             )
+        if self.cut_by_limit or self.counts.pending:
+            if self.cut_by_limit:
+                why = f"the time limit ({_duration(self.deadline.limit_s)}) was reached"
+            else:  # only a scaled-out job can end with requests unreturned
+                why = f"{len(self.counts.pending)} requests came back from no replica"
+            return EXIT_TEMPFAIL, f"{why}; {kept}: rerun the same command to resume"
         if self.counts.valid_lines == 0:
-            raise JobExit(EXIT_DATAERR, f"no valid request in {self.s.input}; see {self.err_path}")
-        if self.counts.pending:  # only a scaled-out job can end with requests unreturned
-            raise JobExit(
-                EXIT_TEMPFAIL,
-                f"{len(self.counts.pending)} requests came back from no replica; the "
-                f"{summary['ok'] + summary['failed']} results are kept: rerun the same command "
-                "to run them",
-            )
+            return EXIT_DATAERR, f"no valid request in {self.s.input}; see {self.err_path}"
+        return exit_code_for(summary), None
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    if seconds >= 3600 and seconds % 60 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def _has_content(path: Path) -> bool:
+    """Whether the input holds a byte other than whitespace (a line to read)."""
+    with open_input(path) as f:
+        while chunk := f.read(1 << 20):
+            if chunk.strip():
+                return True
+    return False
 
 
 def exit_code_for(summary: dict[str, Any]) -> int:

@@ -1,15 +1,20 @@
 """Recipes: YAML files that give a job its model, engine settings, sampling defaults and paths.
 
-Precedence: built-in defaults < recipe < command-line flags.
+Precedence: built-in defaults < recipe < command-line flags. A relative path in a recipe is taken
+from the current directory, as a flag's is: the same recipe, copied anywhere or run by its shipped
+name, reads and writes where the command runs, never beside the recipe (and never inside the
+installed package).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pagedctl.engine.config import ConfigError, canonical
+from pagedctl.generate.deadline import parse_duration
+from pagedctl.generate.templates import fields_of
 from pagedctl.recipe_file import RecipeError, read_recipe
 
 SAMPLING_KEYS = (
@@ -24,6 +29,10 @@ SAMPLING_KEYS = (
 )
 JOB_KEYS = (
     "input",
+    "input_dir",
+    "output_dir",
+    "min_age",
+    "time_limit",
     "output",
     "errors",
     "max_line_bytes",
@@ -40,8 +49,12 @@ class JobSettings:
     """Everything a `generate` run needs, after merging the recipe and the flags."""
 
     input: Path | None = None
-    output: Path | None = None
+    output: Path | None = None  # a path template (templates.py) until a run renders it
     errors: Path | None = None
+    input_dir: Path | None = None  # a spool folder (spool.py); then `input` is each file of it
+    output_dir: Path | None = None
+    min_age_s: float = 60.0  # a spool file changed more recently is still being written
+    time_limit_s: float | None = None
     engine: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=lambda: {"max_tokens": 256})
     max_line_bytes: int = 4 * 2**20
@@ -81,12 +94,26 @@ def load_recipe(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _duration(v: Any, allow_zero: bool = False) -> bool:
+    if isinstance(v, bool):
+        return False
+    try:
+        parse_duration(v, allow_zero)
+    except ValueError:
+        return False
+    return True
+
+
 def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 _JOB_TYPES = {
     "input": lambda v: isinstance(v, str) and bool(v),
+    "input_dir": lambda v: isinstance(v, str) and bool(v),
+    "output_dir": lambda v: isinstance(v, str) and bool(v),
+    "min_age": lambda v: _duration(v, allow_zero=True),
+    "time_limit": _duration,
     "output": lambda v: isinstance(v, str) and bool(v),
     "errors": lambda v: isinstance(v, str) and bool(v),
     "summary_json": lambda v: isinstance(v, str) and bool(v),
@@ -98,6 +125,9 @@ _JOB_TYPES = {
 }
 _JOB_WANTS = {
     **dict.fromkeys(("input", "output", "errors", "summary_json"), "a path"),
+    **dict.fromkeys(("input_dir", "output_dir"), "a folder"),
+    "min_age": "a duration (0, 90, 30s, 5m)",
+    "time_limit": "a duration (90, 45m, 2h, 1h30m)",
     "max_line_bytes": "an integer >= 1",
     "fsync_every": "an integer >= 1",
     "accept_any_model": "true or false",
@@ -106,42 +136,40 @@ _JOB_WANTS = {
 }
 
 
-def merge(
-    recipe: dict[str, Any],
-    flags: dict[str, Any],
-    engine: dict[str, Any],
-    base: Path | None = None,
-) -> JobSettings:
-    """Settings from a checked recipe, then the flags that were given (None means not given)
-    and the engine flags that were given (by setting name).
+PATH_KEYS = ("input", "output", "errors", "summary_json", "input_dir", "output_dir")
+TEMPLATE_KEYS = ("output", "errors", "summary_json")
 
-    Relative paths in a recipe are taken relative to the recipe's folder (`base`).
-    """
+
+def merge(recipe: dict[str, Any], flags: dict[str, Any], engine: dict[str, Any]) -> JobSettings:
+    """Settings from a checked recipe, then the flags that were given (None means not given)
+    and the engine flags that were given (by setting name). ValueError for a duration or a path
+    template that cannot be used."""
     s = JobSettings()
     if recipe.get("model") is not None:
         s.engine["model"] = str(recipe["model"])
     s.engine.update(recipe.get("engine") or {})
     s.engine.update(engine)
     s.sampling.update(recipe.get("sampling") or {})
-    job = recipe.get("job") or {}
-    for key in ("input", "output", "errors", "summary_json"):
-        if job.get(key) is not None:
-            p = Path(job[key])
-            setattr(s, key, p if p.is_absolute() or base is None else base / p)
-    for key in ("max_line_bytes", "fsync_every", "replicas"):
-        if job.get(key) is not None:
-            setattr(s, key, int(job[key]))
-    if job.get("accept_any_model") is not None:
-        s.accept_any_model = job["accept_any_model"]
-    if job.get("ray_address") is not None:
-        s.ray_address = job["ray_address"]
+    given = {k: v for k, v in (recipe.get("job") or {}).items() if v is not None}
+    job_flags = {k: v for k, v in flags.items() if not k.startswith("sampling_")}
+    given.update({k: v for k, v in job_flags.items() if v is not None})
     for key, value in flags.items():
-        if value is None:
-            continue
-        if key.startswith("sampling_"):
+        if value is not None and key.startswith("sampling_"):
             s.sampling[key.removeprefix("sampling_")] = value
-        elif key in {f.name for f in fields(JobSettings)}:
+    for key, value in given.items():
+        if key in PATH_KEYS:
+            setattr(s, key, Path(str(value)).expanduser())
+        elif key == "time_limit":
+            s.time_limit_s = parse_duration(value)
+        elif key == "min_age":
+            s.min_age_s = parse_duration(value, allow_zero=True)
+        elif key in ("max_line_bytes", "fsync_every", "replicas"):
+            setattr(s, key, int(value))
+        elif key in ("accept_any_model", "ray_address"):
             setattr(s, key, value)
         else:
-            raise AssertionError(f"unmapped flag {key}")
+            raise AssertionError(f"unmapped setting {key}")
+    for key in TEMPLATE_KEYS:
+        if getattr(s, key) is not None:
+            fields_of(str(getattr(s, key)))  # a TemplateError (ValueError) before anything runs
     return s

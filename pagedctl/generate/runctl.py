@@ -18,9 +18,11 @@ from typing import Any
 
 from pagedctl.generate.store import OutputError, fsync_dir
 
-# Manifest keys that are not compared on resume: bookkeeping, and "capacity" (settings that change
-# how fast a job runs, not what it writes: batch sizes, pool size, block size, device).
-_RESERVED = ("created", "updated", "forced_from", "capacity")
+# Manifest keys that are not compared on resume: bookkeeping ("date" is the day the job's first run
+# started, which a `{date}` output path was made from; "complete" is set once every line has its
+# record), and "capacity" (settings that change how fast a job runs, not what it writes: batch
+# sizes, pool size, block size, device).
+_RESERVED = ("created", "updated", "forced_from", "capacity", "date", "complete", "records")
 _ABSENT = "(absent)"
 
 
@@ -45,7 +47,10 @@ def manifest_path(out_path: Path) -> Path:
 class JobLock:
     """An exclusive, non-blocking `flock` on `<out>.lock`, held for the life of a run.
 
-    The kernel drops the lock when the process dies, so a crashed run never leaves a stale lock.
+    The kernel drops the lock when the process dies, so a crashed run never leaves a stale lock;
+    a run that ends removes the file while it still holds the lock. A run that finds the file
+    it locked already removed (its holder ended between the open and the lock) opens it again,
+    so two runs can never hold locks on two files of one name.
     """
 
     def __init__(self, out_path: Path) -> None:
@@ -56,6 +61,24 @@ class JobLock:
         """Take the lock and record this pid in it; raise LockHeld at once if it is taken."""
         if self._fd is not None:
             return
+        while True:
+            fd = self._open_locked()
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # unlinked by the run that held it: lock the file of that name now
+        self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            self.release()
+            raise OutputError(e.errno, e.strerror or str(e), str(self.path)) from None
+
+    def _open_locked(self) -> int:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -74,20 +97,14 @@ class JobLock:
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as e:
-            self.release()
-            raise OutputError(e.errno, e.strerror or str(e), str(self.path)) from None
+        return fd
 
     def release(self) -> None:
-        """Clear the pid and drop the lock (the lock file stays: deleting it would race)."""
+        """Remove the lock file, then drop the lock (in that order: see the class)."""
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)
+            os.unlink(self.path)
         os.close(self._fd)
         self._fd = None
 
@@ -133,7 +150,7 @@ def _settings(manifest: dict) -> dict:
     return {k: v for k, v in manifest.items() if k not in _RESERVED}
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -168,32 +185,74 @@ def _read_manifest(path: Path, force: bool) -> dict:
         ) from None
 
 
-def check_manifest(path: Path, manifest: dict, force: bool) -> None:
+def read_manifest(path: Path) -> dict | None:
+    """The manifest at `path` as recorded, or None when there is none or it cannot be read."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) else None
+
+
+def precheck_manifest(path: Path, known: dict, force: bool) -> None:
+    """Before the model loads: ManifestMismatch if a recorded setting among `known` (those a run
+    knows without its engine: the input, the sampling defaults, the seed, the version) differs.
+    The whole manifest is checked once the engine is up (`check_manifest`)."""
+    if force or not path.exists():
+        return
+    old = _settings(_read_manifest(path, force))
+    new = _settings(json.loads(json.dumps(known)))
+    diffs = [row for row in _diff(old, new) if row[0].split(".")[0] in new]
+    if diffs:
+        raise ManifestMismatch(_mismatch_message(path, diffs))
+
+
+def _mismatch_message(path: Path, diffs: list[tuple[str, str, str]]) -> str:
+    lines = "\n".join(f"  {k}: recorded {a}, now {b}" for k, a, b in diffs)
+    return (
+        f"this output was started with different settings ({path}):\n{lines}\n"
+        "Rerun with the recorded settings to resume, write to a new output path, or pass "
+        "--force to resume with the new settings."
+    )
+
+
+def mark_complete(path: Path, records: int) -> None:
+    """Record in the manifest that every line of the input has its record, `records` in all."""
+    old = read_manifest(path)
+    if old is not None and (old.get("complete"), old.get("records")) != (True, records):
+        write_json_atomic(path, {**old, "complete": True, "records": records})
+
+
+def is_complete(manifest: dict | None, records: int) -> bool:
+    """Whether a manifest says its job is done and its files still hold every record (one
+    taken out, to be run again, makes the job incomplete)."""
+    return bool(manifest and manifest.get("complete") and manifest.get("records") == records)
+
+
+def check_manifest(path: Path, manifest: dict, force: bool, date: str | None = None) -> None:
     """Record this run's settings at `path`, or check them against the recorded ones.
 
-    Absent: write it. Equal on every setting: refresh "updated". Different: ManifestMismatch
-    listing each key, unless `force`, which rewrites it with the old values under "forced_from".
+    Absent: write it (with `date`, the day the job started). Equal on every setting: refresh
+    "updated". Different: ManifestMismatch listing each key, unless `force`, which rewrites it
+    with the old values under "forced_from".
     """
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     new = _settings(json.loads(json.dumps(manifest)))  # as it will read back from JSON
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
-        _write_json_atomic(path, {**new, "created": stamp, "updated": stamp})
+        first = {"date": date} if date is not None else {}
+        write_json_atomic(path, {**new, **first, "created": stamp, "updated": stamp})
         return
     old = _read_manifest(path, force)
     diffs = _diff(_settings(old), new)
     if not diffs:
-        _write_json_atomic(path, {**old, "updated": stamp})
+        write_json_atomic(path, {**old, "updated": stamp})
         return
     if not force:
-        lines = "\n".join(f"  {k}: recorded {a}, now {b}" for k, a, b in diffs)
-        raise ManifestMismatch(
-            f"this output was started with different settings ({path}):\n{lines}\n"
-            "Rerun with the recorded settings to resume, write to a new output path, or pass "
-            "--force to resume with the new settings."
-        )
+        raise ManifestMismatch(_mismatch_message(path, diffs))
     forced_from = {k: v for k, v in old.items() if k != "forced_from"}
+    kept = {k: old[k] for k in ("date",) if k in old}
     created = old.get("created", stamp)
-    _write_json_atomic(
-        path, {**new, "created": created, "updated": stamp, "forced_from": forced_from}
+    write_json_atomic(
+        path, {**new, **kept, "created": created, "updated": stamp, "forced_from": forced_from}
     )
