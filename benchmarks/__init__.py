@@ -17,5 +17,3 @@ installed (`pip install -e .`), from the repository root:
 The workloads with peers (`pagedctl bench`, `pagedctl sweep`, `pagedctl capacity`) are commands of
 the CLI itself; results/README.md lists which command made each file.
 """
-
-import pagedctl  # noqa: F401  (first: see pagedctl._unshadow_hub_kernels)

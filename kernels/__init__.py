@@ -18,14 +18,38 @@ one config and no split-KV and `kernels.triton_matmul` where the Triton kernels 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.machinery import ModuleSpec, PathFinder
 
-import torch
-from torch import Tensor
+_HERE = os.path.dirname(os.path.realpath(__file__))
 
-from . import reference
+
+def _other_kernels() -> ModuleSpec:
+    """The `kernels` package that `import kernels` would find if this folder were not there
+    (Hugging Face's, which transformers imports), or ModuleNotFoundError as Python would raise.
+
+    NOTE: this folder installs as `pagedctl.kernels`. It is imported as the top-level `kernels`
+    only by mistake, from a checkout whose root is on `sys.path` (pytest, `python -c` or
+    `python -m` run there). Then it stands aside: with no other `kernels` it raises here, before
+    anything of its own is imported; else it runs and hands the name over (`_hand_over`)."""
+    root = os.path.dirname(_HERE)
+    path = [p for p in sys.path if os.path.realpath(p or os.curdir) != root]
+    spec = PathFinder.find_spec("kernels", path)
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'kernels'", name="kernels")
+    return spec
+
+
+if __name__ == "kernels":
+    _OTHER = _other_kernels()
+
+import torch  # noqa: E402  (after the check above: a mistaken import stops before torch)
+from torch import Tensor  # noqa: E402
+
+from . import reference  # noqa: E402
 
 _NO_TRITON = (
     "the Triton kernels serve this call ({why}) and need the `triton` package, which is not "
@@ -340,3 +364,25 @@ __all__ = [
     "silu_and_mul",
     "write_kv",
 ]
+
+
+def _hand_over(spec: ModuleSpec) -> None:
+    """Run the other `kernels` under the name in place of this module, which is dropped with
+    its submodules: the import that found this folder by mistake gets the package it wanted.
+
+    (Importing a module returns what `sys.modules` holds under its name once the module has run.)
+    """
+    import importlib.util
+
+    for name, module in list(sys.modules.items()):
+        where = os.path.realpath(getattr(module, "__file__", None) or os.sep)
+        if name.startswith("kernels.") and os.path.dirname(where) == _HERE:
+            del sys.modules[name]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernels"] = module
+    if spec.loader is not None:
+        spec.loader.exec_module(module)
+
+
+if __name__ == "kernels":
+    _hand_over(_OTHER)

@@ -8,41 +8,13 @@
 The engine's names are loaded on first use, so `pagedctl --help` never imports torch.
 """
 
-import sys
-from importlib.metadata import PackageNotFoundError, distribution, version
-from pathlib import Path
+from importlib.metadata import PackageNotFoundError, version
 
 try:
     __version__ = version("pagedctl")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 
-
-def _unshadow_hub_kernels() -> None:
-    """Import Hugging Face's `kernels` distribution (transformers >= 5.25 imports it) now, if
-    this is a checkout whose root is on `sys.path` (pytest, `python -m` from the root): there the
-    checkout's `kernels/` folder, which installs as `pagedctl.kernels`, would be found first."""
-    root = Path(__file__).resolve().parents[1]
-    if "kernels" in sys.modules or not (root / "kernels" / "__init__.py").is_file():
-        return
-    on_path = [p for p in sys.path if Path(p or ".").resolve() == root]
-    if not on_path:
-        return
-    try:
-        distribution("kernels")
-    except PackageNotFoundError:
-        return
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if p not in on_path]
-    try:
-        import kernels  # noqa: F401
-    except ImportError:  # a broken install: transformers will say so itself
-        pass
-    finally:
-        sys.path[:] = saved
-
-
-_unshadow_hub_kernels()
 
 _ENGINE_NAMES = (
     "LLM",

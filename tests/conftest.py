@@ -5,8 +5,6 @@ import os
 
 import pytest
 
-import pagedctl  # noqa: F401  (first: see pagedctl._unshadow_hub_kernels)
-
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 if INTERPRETED:
