@@ -115,7 +115,9 @@ def generate(
         "the summary and exit 75: the next run resumes.",
         show_default=False,
     ),
-    recipe: Path | None = typer.Option(None, "--recipe", help="YAML recipe; flags override it."),
+    recipe: str | None = typer.Option(
+        None, "--recipe", help="YAML recipe file, or a shipped recipe's name; flags override it."
+    ),
     max_tokens: int | None = typer.Option(
         None,
         help=with_default("Default max_tokens of a line that gives none.", "256"),

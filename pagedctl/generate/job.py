@@ -178,6 +178,12 @@ class GenerateJob:
         """Render `{input_stem}`, `{input_sha}` and `{date}` in the paths the run writes."""
         s = self.s
         templates = {k: getattr(s, k) for k in ("output", "errors", "summary_json")}
+        if s.output_dir is not None:  # relative names go in the output folder
+            templates["output"] = templates["output"] or Path("{input_stem}.out.jsonl")
+            templates = {
+                k: s.output_dir / v if v is not None and not v.is_absolute() else v
+                for k, v in templates.items()
+            }
         names = RunNames(base_name(s.input.name), self.input_sha256, today())
         try:
             out = templates["output"]

@@ -151,8 +151,11 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any], engine: dict[str, Any])
     s.engine.update(engine)
     s.sampling.update(recipe.get("sampling") or {})
     given = {k: v for k, v in (recipe.get("job") or {}).items() if v is not None}
-    job_flags = {k: v for k, v in flags.items() if not k.startswith("sampling_")}
-    given.update({k: v for k, v in job_flags.items() if v is not None})
+    job_flags = {k: v for k, v in flags.items() if not k.startswith("sampling_") and v is not None}
+    for one, other in (("input", "input_dir"), ("input_dir", "input")):
+        if one in job_flags:  # an input named on the command line replaces the recipe's
+            given.pop(other, None)
+    given.update(job_flags)
     for key, value in flags.items():
         if value is not None and key.startswith("sampling_"):
             s.sampling[key.removeprefix("sampling_")] = value

@@ -6,6 +6,11 @@ per sample (per hypothesis of a beam search, best first) and the token `usage`; 
 `error{code, message, line}` and a null `response`. A beam-search choice also carries
 `cumulative_logprob`, the sum of its tokens' log-probabilities (pagedctl's key: OpenAI's choices
 have none; the name is that of vLLM's CompletionOutput).
+
+A token that holds part of a character (one byte of an emoji split over byte-level BPE tokens)
+has no text of its own. The chat form shows it as U+FFFD with its exact `bytes`; the completions
+form, whose `tokens` are strings only, shows it as OpenAI's API does: `bytes:` followed by each of
+its bytes as a `\\xHH` escape (`bytes:\\xf0\\x9f`), which `token_bytes_of` reads back.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -29,6 +35,8 @@ MIN_LOGPROB = -9999.0  # stands in for -inf (JSON has no infinities), as vLLM do
 # Characters that JSON leaves raw with ensure_ascii=False but that some line splitters
 # (str.splitlines, JavaScript) treat as line breaks; escaped so a record is one line everywhere.
 _LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+BYTES_PREFIX = "bytes:"  # a completions token that is no whole characters: bytes:\xf0\x9f
+_BYTE_ESCAPES = re.compile(r"(?:\\x[0-9a-f]{2})+")
 
 
 def _hex() -> str:
@@ -74,11 +82,32 @@ def _chat_logprobs(sample: CompletionOutput, token_bytes: TokenBytes | None) -> 
     return {"content": content}
 
 
+def _completion_token(text: str, raw: bytes | None) -> str:
+    """A completions token: its text, or `bytes:\\xHH...` when its bytes are not whole UTF-8
+    characters (OpenAI's form), so that no byte of the text is lost to U+FFFD."""
+    if raw is None:
+        return text
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return BYTES_PREFIX + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def token_bytes_of(token: str) -> bytes:
+    """The bytes of one completions `tokens` entry: a `bytes:\\xHH...` token's bytes, else the
+    token's text in UTF-8. (A token whose own text is "bytes:" and escapes reads as bytes: the
+    chat form's `bytes` field is exact.)"""
+    rest = token.removeprefix(BYTES_PREFIX)
+    if rest != token and _BYTE_ESCAPES.fullmatch(rest):
+        return bytes.fromhex(rest.replace("\\x", ""))
+    return token.encode("utf-8")
+
+
 def _completion_logprobs(sample: CompletionOutput, token_bytes: TokenBytes | None) -> dict | None:
     if sample.logprobs is None:
         return None
     pieces = _token_pieces(sample, token_bytes)
-    tokens = [text for text, _ in pieces]
+    tokens = [_completion_token(text, raw) for text, raw in pieces]
     # text_offset counts characters of the text: a token that starts inside a character (its
     # later bytes) points at that character.
     offsets, pos = [], 0

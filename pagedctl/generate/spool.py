@@ -181,7 +181,7 @@ def _run_locked(s, templates, deadline, force, quiet, log_format, report) -> Spo
                     outcome.rows.append({"input": path.name, "status": "complete"})
                     continue
                 job = GenerateJob(
-                    replace(s, input=path, input_dir=None, **templates),
+                    replace(s, input=path, input_dir=None, output_dir=None, **templates),
                     force=force,
                     quiet=quiet,
                     log_format=log_format,
