@@ -5,11 +5,20 @@ A paged cache with CUDA graphs where available, driven through
 carries its own `max_new_tokens` (`generate_batch` takes one for all). EOS is disabled (id -1).
 Set-up (the cache, its warm-up and graph capture) is timed apart; `time_limit_s` ends the measured
 pass early, leaving unfinished requests uncounted.
+
+Without psutil (not a dependency of pagedctl), transformers' CPU memory query logs an ERROR and
+its host swap-pool sizing a WARNING, although the CPU recipes size the cache themselves
+(`num_blocks`, `max_batch_tokens`), host offloading is off (`cpu_offload_space` 0, its default)
+and the query falls back to the memory of the process's NUMA nodes: those notes are dropped while
+the peer runs, and nothing else is (`_without_psutil_notes`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -48,8 +57,38 @@ def _workload_hints(wl: Workload) -> dict:
     return {"workload_hints": hints}
 
 
+def _cb_logger() -> logging.Logger:
+    """The logger of transformers' continuous batching (a top-level one, outside `transformers`)."""
+    try:
+        from transformers.generation.continuous_batching.utils import logger
+    except ImportError:
+        return logging.getLogger("ContinuousBatchingLogger")
+    return logger
+
+
+class _PsutilNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "psutil" not in record.getMessage()
+
+
+@contextmanager
+def _without_psutil_notes() -> Iterator[None]:
+    """While entered, continuous batching's log loses its lines about psutil not being installed."""
+    logger, note = _cb_logger(), _PsutilNote()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
 def run_hf_continuous(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     """Continuous batching: requests added one by one with their own max_new_tokens."""
+    with _without_psutil_notes():
+        return _run(recipe, wl, settings)
+
+
+def _run(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     from transformers import GenerationConfig
 
     t0 = time.perf_counter()
