@@ -381,7 +381,38 @@ def test_lock_in_another_process(tmp_path: Path) -> None:
     assert third.communicate(timeout=30)[0] == "locked\n" and third.returncode == 0
     with JobLock(out):
         assert lock_path(out).read_text() == f"{os.getpid()}\n"
-    assert lock_path(out).read_text() == ""  # released: pid cleared, file kept
+    assert not lock_path(out).exists()  # released: the run removed its lock file
+
+
+CONTENDER = """
+    import os, sys, time
+    from pathlib import Path
+    from pagedctl.generate.runctl import JobLock, LockHeld
+
+    out, inside = Path(sys.argv[1]), Path(sys.argv[2])
+    held = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            with JobLock(out):
+                fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # fails if shared
+                held += 1
+                os.close(fd)
+                os.unlink(inside)
+        except LockHeld:
+            pass
+    print(held, flush=True)
+"""
+
+
+def test_a_removed_lock_file_never_lets_two_runs_in(tmp_path: Path) -> None:
+    """Runs that take and release (remove) the lock as fast as they can: at no moment do two
+    hold it, as a file created exclusively inside the lock shows."""
+    out, inside = tmp_path / "out.jsonl", tmp_path / "inside"
+    procs = [run_py(CONTENDER, str(out), str(inside)) for _ in range(4)]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in results]
+    assert sum(int(stdout) for stdout, _ in results) > 20
 
 
 # ---------------------------------------------------------------- manifest

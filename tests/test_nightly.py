@@ -287,6 +287,7 @@ def test_the_spool_folder_over_three_days_with_a_kill_and_a_changed_input(tmp_pa
     write_jsonl(spool / "day4.jsonl.part", token_rows("d4", 2))
     res = gen(*args)
     assert res.returncode == EXIT_OK, res.stderr
+    assert res.stderr.count(ENGINE_UP) == 1  # two inputs, one model load
     outs1 = sorted(out.glob("day1.*.out.jsonl"))
     assert len(outs1) == 2 and out1 in outs1
     assert answers(out1) == ref1  # the first day1's results are untouched
