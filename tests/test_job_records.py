@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagedctl.generate.records import dumps, error_record, ok_record
+from pagedctl.generate.records import dumps, error_record, ok_record, token_bytes_of
 
 
 class Opt:
@@ -191,7 +191,11 @@ def test_logprobs_of_a_character_split_over_tokens_carry_its_bytes() -> None:
     assert [c["token"] for c in content] == ["Hello", "\ufffd", "\ufffd", "!"]
     assert bytes(b for c in content for b in c["bytes"]) == "Hello\U0001f600!".encode()
     text = roundtrip(ok_record("x", "completion", "m", out, token_bytes=VOCAB_BYTES.__getitem__))
-    assert text["response"]["body"]["choices"][0]["logprobs"]["text_offset"] == [0, 5, 5, 6]
+    logprobs = text["response"]["body"]["choices"][0]["logprobs"]
+    assert logprobs["text_offset"] == [0, 5, 5, 6]
+    # OpenAI's completions form: a token of partial characters is "bytes:" and \xHH escapes
+    assert logprobs["tokens"] == ["Hello", "bytes:\\xf0\\x9f\\x98", "bytes:\\x80", "!"]
+    assert b"".join(map(token_bytes_of, logprobs["tokens"])) == "Hello\U0001f600!".encode()
 
 
 def test_records_are_unique() -> None:
