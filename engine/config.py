@@ -158,8 +158,8 @@ class EngineConfig:
     )
     cuda_graphs: bool | str = setting(
         True,
-        "CUDA: replay steps from CUDA graphs captured per batch size ('emulate' runs the same "
-        "path without CUDA, for tests).",
+        "CUDA: replay steps from CUDA graphs captured per batch size; ignored on the CPU, "
+        "which has none ('emulate' runs the same path without CUDA, for tests).",
         "bool",
         choices=("emulate",),
     )
@@ -202,7 +202,11 @@ class EngineConfig:
         "bool",
     )
     debug: bool = setting(
-        False, "Check the allocator's invariants after every step (slower).", "bool"
+        False,
+        "Check the KV allocator's invariants (free and referenced blocks, reference counts, "
+        "each sequence's block table) after every step and stop at the first broken one "
+        "(slower); generate then prints the traceback, as it does for any unexpected error.",
+        "bool",
     )
 
     def __post_init__(self) -> None:

@@ -43,3 +43,8 @@ def __getattr__(name: str):
 
         return getattr(engine, name)
     raise AttributeError(f"module 'pagedctl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, the engine's lazily loaded ones included (without loading them)."""
+    return sorted({*globals(), *_ENGINE_NAMES})

@@ -64,11 +64,17 @@ def _app() -> Any:
     from pagedctl.capacity.cmd import bench_capacity_sim, capacity
     from pagedctl.generate.cmd import generate
     from pagedctl.models.cmd import models_app
+    from pagedctl.options import plain_metavars
     from pagedctl.sweep.cmd import sweep
 
     class PagedctlGroup(TyperGroup):
         """The command group, with one exit-code table (`pagedctl.exits`) for every command: a
-        flag that does not parse is a usage error like any other (64), not click's 2."""
+        flag that does not parse is a usage error like any other (64), not click's 2. Every
+        command's values are named in words in its help (`plain_metavars`)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            plain_metavars(self)
 
         def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
             if not standalone_mode:
@@ -101,6 +107,24 @@ def _app() -> Any:
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
     )
+
+    def print_version(value: bool) -> None:
+        if value:
+            typer.echo(f"pagedctl {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def root(
+        version: bool = typer.Option(
+            False,
+            "--version",
+            help="Print the pagedctl version and exit.",
+            is_eager=True,
+            callback=print_version,
+        ),
+    ) -> None:
+        pass  # the options of `pagedctl` itself; the help is the app's
+
     app.command("generate")(generate)
     app.command("sweep")(sweep)
     app.command("capacity")(capacity)
@@ -111,7 +135,7 @@ def _app() -> Any:
     @app.command()
     def version() -> None:
         """Print the pagedctl version."""
-        typer.echo(f"pagedctl {__version__}")
+        print_version(True)
 
     return app
 

@@ -18,6 +18,10 @@ import typer
 from pagedctl.engine.config import NAMES, RUNTIME_NAMES, SETTINGS, describe, show_default
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "bytes": str, "choice": str}
+# What a flag's value is, in help: click's words for its types, as `--max-tokens INTEGER`.
+METAVARS = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "Path": "PATH", "bytes": "SIZE"}
+METAVARS["choice"] = METAVARS["list[str]"] = METAVARS["str"]
+AXIS_METAVAR = "VALUES"  # a sweep axis: one value or comma-separated values
 
 
 def flag_names(name: str) -> list[str]:
@@ -53,14 +57,15 @@ def _engine_option(name: str) -> tuple[type, Any]:
     decls = flag_names(name)
     if s.kind == "bool":
         decls = [f"{d}/--no-{d[2:]}" for d in decls]
-    info = typer.Option(None, *decls, help=_help(name), show_default=False)
+    metavar = None if s.kind == "bool" else METAVARS[s.kind]
+    info = typer.Option(None, *decls, help=_help(name), show_default=False, metavar=metavar)
     return _TYPES[s.kind] | None, info
 
 
 def _axis_option(name: str) -> tuple[type, Any]:
     more = f" One value, or an axis of comma-separated values, each {describe(name)}."
     return str | None, typer.Option(
-        None, *flag_names(name), help=_help(name, more), show_default=False
+        None, *flag_names(name), help=_help(name, more), show_default=False, metavar=AXIS_METAVAR
     )
 
 
@@ -100,3 +105,35 @@ def _with_options(names: list[str], make: Callable, keyword: str) -> Callable:
         return wrapper
 
     return decorate
+
+
+def plain_metavars(command: Any) -> None:
+    """Name every value of `command` and its subcommands in words, where none was named: an
+    option's by click's name for its type (`--stop TEXT`, `--output PATH`), an argument by its
+    own name (INPUT). Typer's own choice, the Python type (`<list[str]>`, `<int range>`), is
+    not a word a user knows; a range shows in the help's `[x>=1]` already."""
+    for param in command.params:
+        describe_type = getattr(param, "type_descriptor", None)
+        if describe_type is None:  # a typer that writes click's metavars itself
+            continue
+        if param.param_type_name == "argument":
+            param.metavar = param.metavar or param.name.upper()
+            param.display_type_rich = _no_type  # typer adds the type after an argument's name
+        elif param.metavar is None and not param.is_flag and not param.count:
+            param.metavar = _metavar(describe_type)
+    for sub in getattr(command, "commands", {}).values():
+        plain_metavars(sub)
+
+
+def _metavar(describe_type: Any) -> str:
+    if describe_type.is_choice:
+        return "[" + "|".join(str(c) for c in describe_type.choices or ()) + "]"
+    annotation = describe_type.annotation
+    name = getattr(annotation, "__name__", None) or str(annotation)
+    if describe_type.is_list:
+        name = f"list[{getattr(annotation, '__args__', (str,))[0].__name__}]"
+    return METAVARS.get(name, "VALUE")
+
+
+def _no_type(ctx: Any) -> None:
+    return None

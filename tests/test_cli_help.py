@@ -105,3 +105,53 @@ def test_bench_alone_prints_the_same_help():
     res = CliRunner().invoke(app, ["bench"], terminal_width=1000, max_content_width=1000)
     assert res.exit_code == 0, res.output
     assert res.output.strip() == _help(("bench",)).strip()
+
+
+def _value_columns(text: str) -> list[str]:
+    """The first column (flags or argument name, with their value's name) of each entry of the
+    Arguments and Options sections."""
+    columns, section = [], False
+    for line in text.splitlines():
+        if line in ("Arguments:", "Options:"):
+            section = True
+        elif line and not line.startswith(" "):
+            section = False  # "Commands:", or the usage text
+        elif section and re.match(r"^  \S", line):
+            columns.append(re.split(r"\s{2,}", line.strip(), maxsplit=1)[0])
+    return columns
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "pagedctl")
+def test_values_are_named_in_words_not_python_types(path):
+    """`--stop TEXT`, `--output PATH`, `INPUT`: never typer's `<list[str]>` or `<int range>`."""
+    columns = _value_columns(_help(path))
+    assert columns, "no option found"
+    for column in columns:
+        assert not re.search(r"<[^>]*>", column), f"{' '.join(path)} --help: {column!r}"
+    if path == ("generate",):
+        assert {"INPUT", "--stop TEXT", "--max-tokens INTEGER", "-o, --output PATH"} <= set(columns)
+    if path == ("sweep",):
+        assert "--block-size VALUES" in columns
+
+
+def test_engine_flag_help_says_what_it_does_on_the_cpu():
+    entries = _entries(_help(("generate",)))
+    assert "ignored on the CPU" in entries["--cuda-graphs"]
+    assert "traceback" in entries["--debug"] and "invariants" in entries["--debug"]
+
+
+def test_version_flag_prints_the_version_without_torch():
+    import subprocess
+    import sys
+
+    import pagedctl
+
+    code = (
+        "import atexit, sys; "
+        "atexit.register(lambda: print('torch' in sys.modules, file=sys.stderr)); "
+        "sys.argv = ['pagedctl', '--version']; from pagedctl.cli import main; main()"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"pagedctl {pagedctl.__version__}\n"
+    assert res.stderr.strip() == "False"  # torch was not imported
