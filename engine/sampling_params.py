@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GREEDY_BELOW = 1e-5  # as vLLM: a temperature under this samples greedily
+MIN_MAX_TOKENS = 1  # the fewest output tokens a request may ask for (a job's lines, a sweep's)
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < MIN_MAX_TOKENS:
+            raise ValueError(f"max_tokens must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
 
     @property
     def greedy(self) -> bool:

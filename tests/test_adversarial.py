@@ -44,7 +44,9 @@ CORPUS: list[tuple[bytes | dict, str]] = [
     ({"custom_id": "n-neg-zero-temp", "prompt": "x", "temperature": -0.0}, OK),
     (b'{"custom_id": "n-huge-temp", "prompt": "x", "temperature": 1e400}', "invalid_field"),
     (b'{"custom_id": "n-nan", "prompt": "x", "temperature": NaN}', "invalid_json"),
-    ({"custom_id": "n-float-max", "prompt": "x", "max_tokens": 4.0}, "invalid_field"),
+    ({"custom_id": "n-float-max", "prompt": "x", "max_tokens": 4.0}, OK),  # 4, as OpenAI takes it
+    ({"custom_id": "n-fraction-max", "prompt": "x", "max_tokens": 4.5}, "invalid_field"),
+    (b'{"custom_id": "n-inf-max", "prompt": "x", "max_tokens": 1e400}', "invalid_field"),
     ({"custom_id": "n-str-max", "prompt": "x", "max_tokens": "4"}, "invalid_field"),
     ({"custom_id": "n-bool-max", "prompt": "x", "max_tokens": True}, "invalid_field"),
     ({"custom_id": "n-big-max", "prompt": "x", "max_tokens": 10**30}, "max_tokens_out_of_range"),

@@ -227,7 +227,7 @@ ERROR_CASES: list[tuple[str, bytes | dict, str | None]] = [
     ("invalid_field", {"id": "a", "prompt": "p", "stop": 5}, "a"),
     ("invalid_field", {"id": "a", "prompt": "p", "stop_token_ids": [-1]}, "a"),
     ("invalid_field", {"id": "a", "prompt": "p", "max_tokens": True}, "a"),
-    ("invalid_field", {"id": "a", "prompt": "p", "max_tokens": 5.0}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "max_tokens": 5.5}, "a"),
     ("invalid_field", {"id": "a", "messages": MSG, "max_tokens": 5,
                        "max_completion_tokens": 6}, "a"),
     ("invalid_field", {"id": "a", "prompt": "p", "n": "2"}, "a"),
@@ -611,3 +611,70 @@ def test_the_docs_list_every_field_and_code() -> None:
     docs = (Path(__file__).resolve().parents[1] / "docs" / "jobs.md").read_text()
     for name in [*FIELDS, *UNSUPPORTED, *OTHER_NAMES, *ERROR_CODES, *ENGINE_ERROR_CODES]:
         assert f"`{name}`" in docs, name
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"id": "a", "prompt": "p" "max_tokens": 3}',  # a comma missing: its position
+        b"[" * 100_000 + b"]" * 100_000,  # nesting too deep: a long message of its own
+        b'{"id": "a", "prompt": "p", "seed": ' + b"7" * 5000 + b"}",  # Python's digit limit
+        b'{"id": "a", "prompt": "' + b"x" * 10_000 + b'", }',  # a long line, the error at its end
+    ],
+    ids=["position", "nesting", "digits", "long-line"],
+)
+def test_an_invalid_json_message_is_the_parsers_whole_message(tmp_path: Path, raw: bytes):
+    try:
+        json.loads(raw.decode())
+    except (ValueError, RecursionError) as e:
+        expected = str(e)
+    err = _one(tmp_path, raw)
+    assert err.code == "invalid_json"
+    assert err.message == f"invalid JSON: {expected}"
+    if raw.startswith(b'{"id": "a", "prompt": "p" '):
+        assert "line 1 column 27 (char 26)" in err.message
+
+
+def test_integer_fields_take_integral_floats_as_openai_does(tmp_path: Path) -> None:
+    body = {"prompt": "p", "max_tokens": 4.0, "n": 2.0, "best_of": 2.0, "top_k": 5.0}
+    req = _one(tmp_path, _batch(COMPLETION_URL, {**body, "seed": 3.0, "logprobs": 1.0}))
+    s = req.sampling
+    assert (s["max_tokens"], s["n"], s["top_k"], s["seed"], s["logprobs"]) == (4, 2, 5, 3, True)
+    assert all(type(s[k]) is int for k in ("max_tokens", "n", "top_k", "seed"))
+    alias = _one(tmp_path, {"id": "a", "prompt": "p", "max_completion_tokens": 7.0})
+    assert alias.sampling["max_tokens"] == 7 and type(alias.sampling["max_tokens"]) is int
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "n", "top_k", "seed"])
+def test_an_integer_field_with_a_fractional_part_is_refused_saying_so(tmp_path, key) -> None:
+    err = _one(tmp_path, {"id": "a", "prompt": "p", key: 4.5})
+    assert err.code == "invalid_field"
+    assert err.message == f"{key} must be an integer, got 4.5, which has a fractional part"
+
+
+def test_chat_logprobs_stays_true_or_false(tmp_path: Path) -> None:
+    err = _one(tmp_path, _batch(CHAT_URL, {"messages": MSG, "logprobs": 1.0}, "a"))
+    assert err.code == "invalid_field" and "true or false" in err.message
+
+
+def test_one_max_tokens_range() -> None:
+    from pagedctl.engine.sampling_params import MIN_MAX_TOKENS
+    from pagedctl.generate.validate import FieldError, check_max_tokens
+
+    assert MIN_MAX_TOKENS == 1
+    assert check_max_tokens(4.0) == 4 and type(check_max_tokens(4.0)) is int
+    assert check_max_tokens(2**40) == 2**40  # no upper bound without a model's limit
+    assert check_max_tokens(8, 8) == 8
+    cases = [
+        (0, None, "max_tokens_out_of_range", "max_tokens must be an integer >= 1, got 0"),
+        (9, 8, "max_tokens_out_of_range", "max_tokens must be an integer in 1..8, got 9"),
+        (4.5, 8, "invalid_field", "must be an integer in 1..8, got 4.5, which has a fractional"),
+        ("4", None, "invalid_field", 'max_tokens must be an integer >= 1, got "4"'),
+        (True, None, "invalid_field", "max_tokens must be an integer >= 1, got true"),
+    ]
+    for value, high, code, message in cases:
+        with pytest.raises(FieldError) as e:
+            check_max_tokens(value, high)
+        assert e.value.code == code and message in e.value.message, e.value.message
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        SamplingParams(max_tokens=MIN_MAX_TOKENS - 1)

@@ -66,5 +66,19 @@ OTHER_NAMES: dict[str, str] = {
     "num_return_sequences": "n",
     "num_beams": "n with use_beam_search: true",
 }
+# The fields that take an integer. A float with no fractional part (4.0) is that integer, as
+# OpenAI's API and vLLM's take it (some JSON writers print every number as a float: pandas, for a
+# column with gaps); 4.5 is refused for its fractional part. `logprobs` is an integer of the
+# completions form only (chat's is true or false). Token ids (prompt, prompt_token_ids,
+# stop_token_ids) stay integers: a list of floats is no list of token ids.
+INTEGER_FIELDS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "best_of",
+    "top_k",
+    "seed",
+    "logprobs",
+)
 ENVELOPE = ("custom_id", "method", "url", "body")  # the OpenAI form's top level
 SIMPLE_IDS = ("custom_id", "id")

@@ -7,6 +7,9 @@ Choices worth knowing:
 - A completion `prompt` is a string, a list of token ids, or a one-element list of either.
 - Text content parts are joined with newlines (as vLLM). `max_completion_tokens` is an alias of
   `max_tokens`; top_k -1 means off (0); an integer completions `logprobs` (0 or 1) means true.
+- An integer field (`fields.INTEGER_FIELDS`) given as a float with no fractional part (4.0) is
+  that integer, as in OpenAI's API; 4.5 is refused for its fractional part. `check_max_tokens` is
+  the one max_tokens range, of a job's lines and of a sweep's workloads.
 - The sampling dict holds only the fields the body gave, plus max_tokens (default: the smaller of
   `default_max_tokens` and `max_tokens_limit`), so the caller can lay it over its own defaults.
 - Every field is checked against `fields.FIELDS`: an unknown one is an error naming it; a field of
@@ -30,7 +33,15 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedctl.engine import BeamSearchParams, SamplingParams
-from pagedctl.generate.fields import ENVELOPE, FIELDS, OTHER_NAMES, SIMPLE_IDS, UNSUPPORTED
+from pagedctl.engine.sampling_params import MIN_MAX_TOKENS
+from pagedctl.generate.fields import (
+    ENVELOPE,
+    FIELDS,
+    INTEGER_FIELDS,
+    OTHER_NAMES,
+    SIMPLE_IDS,
+    UNSUPPORTED,
+)
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOP = 16
@@ -186,6 +197,7 @@ def parse_sampling(
     A max_tokens the line gives is strict (a prompt plus it over max_model_len is refused, as
     OpenAI refuses it); the default one is a cap (a long prompt gets what the model has left).
     """
+    body = _integers(body, endpoint)
     beam = _use_beam_search(body.get("use_beam_search"))
     s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
     if any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens")):
@@ -268,9 +280,52 @@ def _use_beam_search(value: Any) -> bool:
     raise FieldError("invalid_field", f"use_beam_search must be true or false, got {show(value)}")
 
 
+def as_int(value: Any) -> Any:
+    """An integer field's value: a float with no fractional part (4.0) as the integer it is;
+    anything else as it came, for the field's own check to judge."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _integers(body: dict, endpoint: str) -> dict:
+    """`body` with its integer fields' integral floats as integers; FieldError for one that has a
+    fractional part (4.5), naming it."""
+    keys = [k for k in INTEGER_FIELDS if isinstance(body.get(k), float)]
+    if endpoint == "chat" and "logprobs" in keys:  # chat's logprobs is true or false
+        keys.remove("logprobs")
+    for key in keys:
+        if math.isfinite(body[key]) and not body[key].is_integer():
+            raise FieldError(
+                "invalid_field",
+                f"{key} must be an integer, got {show(body[key])}, which has a fractional part",
+            )
+    return {**body, **{k: as_int(body[k]) for k in keys}} if keys else body
+
+
+def check_max_tokens(value: Any, high: int | None = None, key: str = "max_tokens") -> int:
+    """`value` as a max_tokens: an integer (4.0 counts as 4) from 1 to `high` (no upper bound
+    when None). The one range of a job's lines and a sweep's workloads.
+
+    Raises FieldError: `invalid_field` for what is no integer, `max_tokens_out_of_range` for
+    one outside the range.
+    """
+    value = as_int(value)
+    want = f"{MIN_MAX_TOKENS}..{high}" if high is not None else f">= {MIN_MAX_TOKENS}"
+    msg = f"{key} must be an integer {'in ' if high is not None else ''}{want}, got {show(value)}"
+    if not is_int(value):
+        fraction = isinstance(value, float) and math.isfinite(value)
+        raise FieldError(
+            "invalid_field", msg + (", which has a fractional part" if fraction else "")
+        )
+    if value < MIN_MAX_TOKENS or (high is not None and value > high):
+        raise FieldError("max_tokens_out_of_range", msg)
+    return value
+
+
 def _max_tokens(body: dict, high: int, default: int) -> int:
     given = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
-    values = {_int_in(body, k, high, "max_tokens_out_of_range") for k in given}
+    values = {check_max_tokens(body[k], high, k) for k in given}
     if len(values) > 1:
         raise FieldError("invalid_field", "max_tokens and max_completion_tokens differ; give one")
     return values.pop() if values else min(default, high)
