@@ -1,14 +1,17 @@
 """How a running job reports itself: a Rich bar on a terminal, periodic lines in a log, or nothing.
 
-Log lines go to stderr, as text or (with `--log-format json`) one JSON object per line.
+Log lines go to stderr, as text or (with `--log-format json`) one JSON object per line. While the
+bar is live, every line meant for stderr, the logging module's included (the engine's, a
+library's), is printed above the bar by the bar's console, never into it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -26,6 +29,7 @@ class Reporter:
         self.err = Console(stderr=True)
         self._last = 0.0
         self._bar: Progress | None = None
+        self._rerouted: list[tuple[logging.StreamHandler, TextIO]] = []
         if not quiet and not self.json and self.err.is_terminal:
             self._bar = Progress(
                 TextColumn("[bold]generate"),
@@ -36,7 +40,7 @@ class Reporter:
                 console=self.err,
             )
             self._task = self._bar.add_task("generate", total=total or None, detail="")
-            self._bar.start()
+            self._rerouted = _start_above_logs(self._bar)
 
     def event(self, event: str, level: str = "info", **fields: Any) -> None:
         """One log event (text or JSON on stderr); errors are shown even when quiet."""
@@ -78,5 +82,36 @@ class Reporter:
 
     def close(self) -> None:
         if self._bar is not None:
+            for handler, stream in self._rerouted:
+                handler.setStream(stream)
             self._bar.stop()
             self._bar = None
+
+
+def _stderr_handlers(stream: TextIO) -> list[logging.StreamHandler]:
+    """The logging handlers, of any logger, that write to `stream` (stderr): basicConfig's, and
+    those a library set up for itself (torch's)."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    handlers = {
+        h
+        for lg in loggers
+        if isinstance(lg, logging.Logger)
+        for h in lg.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    }
+    return [h for h in handlers if h.stream in (stream, sys.__stderr__)]
+
+
+def _start_above_logs(bar: Progress) -> list[tuple[logging.StreamHandler, TextIO]]:
+    """Start `bar` once every line written before it is out whole, then point the stderr log
+    handlers at the bar's stand-in for stderr (Rich's, which prints each line above the bar);
+    returns (handler, its stream) to put back."""
+    stderr = sys.stderr
+    handlers = _stderr_handlers(stderr)
+    for handler in handlers:
+        handler.flush()
+    stderr.flush()
+    bar.start()  # from here sys.stderr is Rich's proxy (on a terminal)
+    if sys.stderr is stderr:
+        return []
+    return [(h, h.setStream(sys.stderr)) for h in handlers]
