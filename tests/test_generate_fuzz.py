@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedctl.exits import EXIT_DATAERR
-from pagedctl.generate.job import GenerateJob, JobExit, exit_code_for
+from pagedctl.generate.job import GenerateJob, JobExit
 from pagedctl.generate.recipe import JobSettings
 from tests.job_utils import read_jsonl
 
@@ -68,7 +68,7 @@ def test_every_line_gets_exactly_one_record(tmp_path_factory, lines):
         log_format="text",
     )
     try:
-        code = exit_code_for(job.run())
+        code = job.run().code
     except JobExit as e:
         code = e.code
     assert code in (0, 3, EXIT_DATAERR)

@@ -224,7 +224,7 @@ def test_a_job_runs_beam_lines_beside_sampled_and_bad_ones(tmp_path: Path, capsy
             BAD["lp-alone"][0], BAD["es-bad"][0], SAMPLED[1], BAD["n0"][0], GOOD["width1"][0],
             BAD["yes"][0]]  # fmt: skip
     src = write_jsonl(tmp_path / "in.jsonl", rows)
-    summary = _job(src).run()
+    summary = _job(src).run().summary
     assert exit_code_for(summary) == 3
     assert (summary["ok"], summary["failed"]) == (len(GOOD) + len(SAMPLED), len(BAD))
 
@@ -282,7 +282,7 @@ def test_a_job_runs_beam_lines_beside_sampled_and_bad_ones(tmp_path: Path, capsy
 
 def test_a_job_without_beams_has_no_beam_figures(tmp_path: Path, capsys) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [SAMPLED[0]])
-    summary = _job(src).run()
+    summary = _job(src).run().summary
     assert summary["ok"] == 1 and "beam_search" not in summary
     assert beam_summary({"num_groups": 0, "peak_blocks": 0, "peak_blocks_unshared": 0,
                          "num_shared_blocks": 0, "num_cow_copies": 0}) == {}  # fmt: skip
@@ -298,7 +298,7 @@ def test_default_stop_strings_and_engine_refusals_become_records(tmp_path: Path)
     ]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     job = _job(src, {**DEFAULTS, "stop": ["\n"]}, max_num_batched_tokens=4)
-    summary = job.run()
+    summary = job.run().summary
     assert (summary["ok"], summary["failed"]) == (1, 2)
     errors = by_id(read_jsonl(tmp_path / "in.errors.jsonl"))
     assert errors["beam"]["error"]["code"] == "unsupported_field"
@@ -307,6 +307,6 @@ def test_default_stop_strings_and_engine_refusals_become_records(tmp_path: Path)
     assert errors["wide"]["error"]["code"] == "beam_width_too_large"
     assert set(by_id(read_jsonl(tmp_path / "in.out.jsonl"))) == {"cleared"}
     # a rerun resumes: every line has its record, none is run or written again
-    again = _job(src, {**DEFAULTS, "stop": ["\n"]}, max_num_batched_tokens=4).run()
+    again = _job(src, {**DEFAULTS, "stop": ["\n"]}, max_num_batched_tokens=4).run().summary
     assert (again["skipped_resumed"], again["ok"], again["failed"]) == (3, 0, 0)
     assert len(read_jsonl(tmp_path / "in.errors.jsonl")) == 2

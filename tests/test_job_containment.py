@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pagedctl.exits import EXIT_FAILED, EXIT_PARTIAL
-from pagedctl.generate.job import ENGINE_BROKEN_AFTER, GenerateJob, JobExit, exit_code_for
+from pagedctl.generate.job import ENGINE_BROKEN_AFTER, GenerateJob, JobExit
 from pagedctl.generate.recipe import JobSettings
 from tests.job_utils import read_jsonl, write_jsonl
 
@@ -36,7 +36,7 @@ def _job(src, poison=None) -> GenerateJob:
 
 def _run(job) -> int:
     try:
-        return exit_code_for(job.run())
+        return job.run().code
     except JobExit as e:
         return e.code
 

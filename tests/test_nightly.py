@@ -481,6 +481,9 @@ def test_checks_that_fail_end_before_the_model_loads(tmp_path):
     bad.write_text("job:\n  time_limit: soon\n")
     res = gen(src, "--recipe", bad, *NO_MODEL)
     assert res.returncode == EXIT_USAGE and "job.time_limit must be a duration" in res.stderr
+    bad.write_text("sampling:\n  max_tokens: 4.5\n")  # 4.0 would be 4, as on a line
+    res = gen(src, "--recipe", bad, *NO_MODEL)
+    assert res.returncode == EXIT_USAGE and "fractional part" in res.stderr
     # A manifest that differs: refused before the model is loaded.
     res = gen(src, *TINY, "--temperature", "0")
     assert res.returncode == EXIT_OK, res.stderr

@@ -150,7 +150,7 @@ def _job(src: Path, **engine) -> GenerateJob:
 def test_a_host_pool_too_small_falls_back_and_recompute_adds_nothing(tmp_path, capsys) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", _lines())
     four_blocks = 4 * 16 * BYTES_PER_TOKEN / 2**30  # GiB: room for one or two victims
-    summary = _job(src, preemption_mode="swap", swap_space=four_blocks).run()
+    summary = _job(src, preemption_mode="swap", swap_space=four_blocks).run().summary
     swap = summary["swap"]
     assert summary["ok"] == 8 and swap["host_blocks"] == 4
     assert swap["swap_outs"] > 0 and swap["fallbacks_to_recompute"] > 0
@@ -161,7 +161,7 @@ def test_a_host_pool_too_small_falls_back_and_recompute_adds_nothing(tmp_path, c
     assert "swap (swap)" in capsys.readouterr().out
 
     plain = write_jsonl(tmp_path / "plain.jsonl", _lines())
-    summary = _job(plain).run()
+    summary = _job(plain).run().summary
     assert summary["preemptions"] > 0 and "swap" not in summary
     _print_summary(summary, quiet=False, log_format="text")
     assert "swap" not in capsys.readouterr().out

@@ -250,7 +250,6 @@ def _run_one(
         except JobStopped as e:
             summary = job.stopped_summary()
             if summary is not None:
-                summary["interrupted_by"] = job.interrupted_by()
                 _report(summary, job.summary_path, False, log_format)
             raise JobExit(e.code, str(e)) from None
         _report(result.summary, job.summary_path, quiet and result.code == 0, log_format)

@@ -263,6 +263,7 @@ class GenerateJob:
         recorded = read_manifest(manifest_path(self.out_path))
         done = store.num_ok_before + store.num_errors_before
         if is_complete(recorded, done) and not self.force:  # nothing left to run
+            self.counts.skipped = done
             summary = self._summary(None, store, 0.0)
             summary["job"]["complete"] = True
             return JobResult(summary, exit_code_for(summary))

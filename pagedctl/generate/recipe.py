@@ -15,6 +15,7 @@ from typing import Any
 from pagedctl.engine.config import ConfigError, canonical
 from pagedctl.generate.deadline import parse_duration
 from pagedctl.generate.templates import fields_of
+from pagedctl.generate.validate import FieldError, check_max_tokens
 from pagedctl.recipe_file import RecipeError, read_recipe
 
 SAMPLING_KEYS = (
@@ -88,6 +89,11 @@ def load_recipe(path: Path) -> dict[str, Any]:
             raise RecipeError(
                 f"recipe {path}: unknown {key} keys {unknown}; known: {', '.join(keys)}"
             )
+        if key == "sampling" and value.get("max_tokens") is not None:
+            try:  # the range of a line's max_tokens (4.0 is 4)
+                value["max_tokens"] = check_max_tokens(value["max_tokens"])
+            except FieldError as e:
+                raise RecipeError(f"recipe {path}: sampling.{e.message}") from None
     for key, value in (doc.get("job") or {}).items():
         if value is not None and not _JOB_TYPES[key](value):
             raise RecipeError(f"recipe {path}: job.{key} must be {_JOB_WANTS[key]}, got {value!r}")

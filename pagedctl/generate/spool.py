@@ -237,7 +237,6 @@ def _run_file(job: GenerateJob, report, outcome: SpoolOutcome, failures: list) -
     except JobStopped as e:
         summary = job.stopped_summary()
         if summary is not None:
-            summary["interrupted_by"] = job.interrupted_by()
             report(job, summary, e.code)
         _stop_at(outcome, e.code, str(e))
         return {"input": name, "status": "stopped", "exit": e.code}
