@@ -100,7 +100,7 @@ def test_a_failing_point_is_a_row_and_every_failure_exits_1(tmp_path):
     assert "needs 3 KV blocks" in failed["error"] and "the whole pool has 2" in failed["error"]
     assert ok["status"] == "ok" and ok["runs"][0]["finished"] == 3
     assert "failed: RuntimeError: no request finished" in (tmp_path / "sweep.md").read_text()
-    res = sweep_cli(*args, "--num-blocks", "2", "--out", tmp_path)
+    res = sweep_cli(*args, "--num-blocks", "2", "--out", tmp_path, "--overwrite")
     assert res.returncode == 1 and "Traceback" not in res.stderr
 
 

@@ -8,13 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pagedctl.console import (
+    FORMAT_HELP,
+    Format,
+    print_json,
+    print_tsv,
+    progress_console,
+    stdout_console,
+)
 from pagedctl.engine.config import DEFAULTS
 from pagedctl.options import engine_flags
+from pagedctl.outputs import OVERWRITE_HELP, ResultFolder, out_help
 
-console = Console()
+console = stdout_console()
 bench_app = typer.Typer(
     help="Benchmarks: the engine against its peers, measured in the same run.",
     rich_markup_mode=None,
@@ -51,25 +59,33 @@ def bench_recipe(
     num_requests: int | None = typer.Option(
         None, min=1, help="Override the recipe's number of requests (a quick check)."
     ),
-    output_json: Path | None = typer.Option(None, help="Write the JSON result here."),
-    out: Path = typer.Option(
-        Path("results"), help="Folder for RECIPE-NAME.md (and .json unless --output-json)."
+    output_json: Path | None = typer.Option(
+        None, help="Write the JSON result here (kept if it exists, unless --overwrite)."
     ),
+    out: Path | None = typer.Option(
+        None,
+        help=out_help("RECIPE-NAME.md (and .json unless --output-json)"),
+        show_default=False,
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
+    fmt: Format = typer.Option(Format.table, "--format", help=FORMAT_HELP, show_default=False),
     engine: dict[str, Any] | None = None,
 ) -> None:
     """pagedctl and its transformers peers on one workload, in this process: one table.
 
     Wall time, requests/s, output and total tok/s, peak memory, preemptions and pagedctl's output
     tok/s divided by each side's. EOS is ignored everywhere; every side's output is counted and
-    checked against the tokens asked for. Exit status 1 when a side fails or miscounts.
+    checked against the tokens asked for. Writes RECIPE-NAME.md and .json to --out, by default
+    to a new folder runs/RECIPE-NAME-YYYYMMDD-HHMMSS. Exit status 1 when a side fails or
+    miscounts; 64 on a bad flag or recipe, or a result file that exists (--overwrite).
     """
     if ctx.invoked_subcommand is not None:
         if recipe is not None:
             raise typer.BadParameter("--recipe runs the recipe benchmark; give no subcommand")
         return
     if recipe is None:
-        given = [peer, temperature, num_requests, output_json]
-        if engine or any(v is not None for v in given):  # never ignore a flag silently
+        given = [peer, temperature, num_requests, output_json, out]
+        if engine or overwrite or fmt is not Format.table or any(v is not None for v in given):
             raise typer.BadParameter(
                 "these options run a recipe: give --recipe NAME|FILE (or a subcommand)"
             )
@@ -86,6 +102,9 @@ def bench_recipe(
 
     try:
         spec = br.load_bench_recipe(find_recipe(recipe))
+        folder = ResultFolder(out, spec.name, overwrite)
+        named = [(output_json, "--output-json")] if output_json is not None else []
+        folder.refuse_existing(bench_report.file_names(spec.name, output_json is None), named)
         spec.config = spec.config.replace(**(engine or {}))
         spec.config = spec.config.replace(**engine_settings(spec.config.given()))
         peers = br.parse_peers(peer) if peer is not None else list(spec.peers)
@@ -96,16 +115,27 @@ def bench_recipe(
     spec.workload = dataclasses.replace(
         spec.workload, **{k: v for k, v in overrides.items() if v is not None}
     )
-    doc = bench_report.run_bench(spec, peers, lambda line: console.print(line, style="dim"))
+    log = progress_console(fmt)
+
+    def say(line: str, style: str | None = None) -> None:
+        log.print(line, style=style, markup=False, highlight=False)
+
+    doc = bench_report.run_bench(spec, peers, lambda line: say(line, "dim"))
     doc = {"command": "pagedctl " + shlex.join(sys.argv[1:]), **doc}
     doc["environment"] = {**environment(), **bench_report.device_info(spec)}
-    console.print(bench_report.rich_table(doc), width=max(console.width, 110))
+    if fmt is Format.json:
+        print_json(doc)
+    elif fmt is Format.tsv:
+        print_tsv([(bench_report.title(doc), bench_report.COLUMNS, bench_report.table_rows(doc))])
+    else:
+        console.print(bench_report.rich_table(doc))
     for line in bench_report.config_lines(doc):
-        console.print(line, highlight=False)
+        say(line)
     if doc.get("floor"):
-        console.print(bench_report.floor_line(doc["floor"]), highlight=False)
-    for path in bench_report.write_outputs(doc, out, output_json, spec.name):
-        console.print(f"wrote {path}")
+        say(bench_report.floor_line(doc["floor"]))
+    json_path = output_json or folder.path() / f"{spec.name}.json"
+    for path in bench_report.write_outputs(doc, folder.path(), json_path, spec.name):
+        say(f"wrote {path}")
     if any(r["status"] in ("error", "mismatch") for r in doc["sides"]):
         raise typer.Exit(1)
 

@@ -301,13 +301,17 @@ def config_lines(doc: dict) -> list[str]:
     return lines
 
 
-def rich_table(doc: dict) -> Table:
+def title(doc: dict) -> str:
+    """The title of the result table: the benchmark and its workload."""
     w = doc["workload"]
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        title=f"{doc['benchmark']}: {w['num_requests']} requests, {w['prompt_tokens']:,} prompt "
-        f"tokens, {w['requested_output_tokens']:,} output tokens asked, EOS ignored",
+    return (
+        f"{doc['benchmark']}: {w['num_requests']} requests, {w['prompt_tokens']:,} prompt "
+        f"tokens, {w['requested_output_tokens']:,} output tokens asked, EOS ignored"
     )
+
+
+def rich_table(doc: dict) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=title(doc))
     for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("side", "status") else "right")
     for row in table_rows(doc):
@@ -349,10 +353,17 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def file_names(stem: str, with_json: bool = True) -> list[str]:
+    """The files `write_outputs` writes in its folder: the Markdown table and the JSON result
+    (unless that goes elsewhere, `--output-json`)."""
+    return [f"{stem}.md", *([f"{stem}.json"] if with_json else [])]
+
+
 def write_outputs(doc: dict, out_dir: Path, json_path: Path | None, stem: str) -> list[Path]:
     """The JSON result and the Markdown table; returns the paths written."""
-    json_path = json_path or out_dir / f"{stem}.json"
-    md_path = out_dir / f"{stem}.md"
+    md_name, json_name = file_names(stem)
+    json_path = json_path or out_dir / json_name
+    md_path = out_dir / md_name
     for p in (json_path, md_path):
         p.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -13,8 +13,10 @@ from pagedctl.capacity import sim
 from pagedctl.capacity.inputs import fail
 from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
 from pagedctl.capacity.run import CapacityRun
+from pagedctl.console import FORMAT_HELP, Format
 from pagedctl.engine.config import DEFAULTS as ENGINE_DEFAULTS
 from pagedctl.options import with_default
+from pagedctl.outputs import OVERWRITE_HELP, ResultFolder, out_help
 from pagedctl.recipe_file import RecipeError, find_recipe
 
 DEFAULTS: dict[str, Any] = {
@@ -138,10 +140,14 @@ def capacity(
     no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulation."),
     probe: bool = typer.Option(False, "--probe", help="Measure on this machine's GPU."),
     plot: bool = typer.Option(False, "--plot", help="Also write PNG charts (matplotlib)."),
-    out: Path = typer.Option(Path("results"), "--out", help="Folder for CSV, Markdown, JSON."),
+    out: Path | None = typer.Option(
+        None, "--out", help=out_help("the CSV, Markdown and JSON files"), show_default=False
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     name: str | None = typer.Option(
         None, "--name", help="Output files capacity-NAME* (default: model and card)."
     ),
+    fmt: Format = typer.Option(Format.table, "--format", help=FORMAT_HELP, show_default=False),
 ) -> None:
     """How many sequences fit: a paged pool vs contiguous reservations, for real lengths.
 
@@ -158,10 +164,15 @@ def capacity(
 
     --swap-space GIB adds the host pool that --preemption-mode swap or auto would get: its
     blocks and the preempted sequences it holds, apart from the running capacity.
+
+    Files go to --out, by default to a new folder runs/capacity-NAME-YYYYMMDD-HHMMSS.
     """
-    switches = {"recipe": recipe, "no_sim": no_sim, "probe": probe, "plot": plot}
-    flags = {k: v for k, v in locals().items() if k not in (*switches, "switches")}
-    command = _command_line({**switches, **flags})
+    flags = dict(locals())  # the options, before any other name is bound here
+    switches = {k: flags.pop(k) for k in ("recipe", "no_sim", "probe", "plot")}
+    output = {"overwrite": flags.pop("overwrite"), "format": flags.pop("fmt")}
+    output["format"] = None if fmt is Format.table else fmt.value
+    command = _command_line({**switches, **flags, **output})
+    del flags["out"]  # not a setting of the run: where its files go
     if plot:
         _require_matplotlib()
     if probe:
@@ -175,8 +186,10 @@ def capacity(
         fail(str(e))
     s = {**DEFAULTS, **doc, **{k: v for k, v in flags.items() if v is not None}}
     run = CapacityRun(s, command)
+    folder = ResultFolder(out, run.stem(), overwrite)
+    folder.refuse_existing(run.file_names(simulate=not no_sim, probe=probe, plot=plot))
     run.compute(simulate=not no_sim, probe=probe)
-    run.emit(plot)
+    run.emit(plot, folder, fmt)
 
 
 NEGATABLE = ("cuda_graphs",)  # flags given as --X/--no-X: False is a choice, not an absence
@@ -191,11 +204,7 @@ def _command_line(given: dict[str, Any]) -> str:
             words.append(flag)
         elif value is False and key in NEGATABLE:
             words.append("--no-" + flag[2:])
-        elif (
-            value is not None
-            and value is not False
-            and not (key == "out" and value == Path("results"))
-        ):
+        elif value is not None and value is not False:
             words += [flag, str(value)]
     return shlex.join(words)
 

@@ -2,7 +2,7 @@
 `compare`, reference figures printed beside ours (an entry's `reference` is the other system's
 value), and `notes`, how to read them.
 
-    name: t4                         # output files results/capacity-t4*
+    name: t4                         # output files capacity-t4*
     model: qwen2.5-0.5b-instruct
     device_memory: 14.6GiB
     gpu_mem: [0.85, 0.70]

@@ -168,18 +168,21 @@ def write_csv(path: Path, section: Section) -> None:
         writer.writerows(section.rows)
 
 
+def file_names(stem: str, keys: list[str]) -> list[str]:
+    """The files `write_all` writes for sections `keys`: Markdown, JSON, a CSV per section."""
+    return [f"{stem}.md", f"{stem}.json", *(f"{stem}-{key}.csv" for key in keys)]
+
+
 def write_all(
     out_dir: Path, stem: str, title: str, header: list[str], sections: list[Section], doc: dict
 ) -> list[Path]:
     """`<stem>.md`, `<stem>.json` and one `<stem>-<section>.csv` per section."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [out_dir / f"{stem}.md", out_dir / f"{stem}.json"]
+    written = [out_dir / name for name in file_names(stem, [s.key for s in sections])]
     written[0].write_text(markdown(title, header, sections))
     written[1].write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
-    for s in sections:
-        path = out_dir / f"{stem}-{s.key}.csv"
+    for s, path in zip(sections, written[2:], strict=True):
         write_csv(path, s)
-        written.append(path)
     return written
 
 

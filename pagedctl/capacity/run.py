@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from pagedctl.capacity import inputs, plan, report, sim
 from pagedctl.capacity.recipe import as_list, compare_rows
+from pagedctl.console import Format, print_json, print_tsv, progress_console, stdout_console
 from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.outputs import ResultFolder
 
 
 class CapacityRun:
@@ -27,6 +27,20 @@ class CapacityRun:
 
     # ------------------------------------------------------------------ sections
 
+    def section_keys(self, simulate: bool, probe: bool) -> list[str]:
+        """The sections this run computes, in order: what `compute` makes and `emit` writes."""
+        lengths = self.lengths is not None
+        wanted = {
+            "pool": True,
+            "lengths": True,
+            "blocks": lengths,
+            "swap": self.inputs.swap_space_bytes is not None,
+            "sim": lengths and simulate,
+            "probe": probe,
+            "compare": bool(self.s.get("compare")),
+        }
+        return [key for key, on in wanted.items() if on]
+
     def compute(self, simulate: bool, probe: bool) -> None:
         inp = self.inputs
         self.mem = plan.memory(inp)
@@ -39,17 +53,16 @@ class CapacityRun:
                 f"{format_bytes(self.mem.non_kv_bytes)} of non-KV memory; raise --gpu-mem, "
                 "use a larger card or a smaller model"
             )
-        self._pool_sections()
-        if self.lengths is not None:
-            self._block_section()
-        if inp.swap_space_bytes is not None:
-            self._host_section()
-        if self.lengths is not None and simulate:
-            self._sim_section()
-        if probe:
-            self._probe_section()
-        if self.s.get("compare"):
-            self._compare_section()
+        self._pool_sections()  # "pool" and "lengths"
+        more = {
+            "blocks": self._block_section,
+            "swap": self._host_section,
+            "sim": self._sim_section,
+            "probe": self._probe_section,
+            "compare": self._compare_section,
+        }
+        for key in self.section_keys(simulate, probe)[2:]:
+            more[key]()
 
     def _pool_sections(self) -> None:
         inp, pool = self.inputs, self.primary
@@ -257,14 +270,19 @@ class CapacityRun:
         )
         return "capacity-" + re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-")
 
-    def emit(self, plot: bool) -> None:
+    def file_names(self, simulate: bool, probe: bool, plot: bool) -> list[str]:
+        """The files `emit` writes for these sections (`report.write_all`, `plot.write_plots`)."""
+        keys = self.section_keys(simulate, probe)
+        stem = self.stem()
+        names = report.file_names(stem, keys)
+        if plot:
+            names += [f"{stem}-capacity.png", *([f"{stem}-refusals.png"] if "sim" in keys else [])]
+        return names
+
+    def emit(self, plot: bool, folder: ResultFolder, fmt: Format = Format.table) -> None:
         from pagedctl.envinfo import environment
 
-        console = Console()
-        if not console.is_terminal:  # a pipe or a log file: no reason to squeeze the tables
-            console = Console(width=160)
         header = self.header()
-        report.print_sections(console, header, self.sections)
         command = self.command
         self.doc.update(
             command=command,
@@ -274,9 +292,17 @@ class CapacityRun:
             sections={sec.key: sec.rows for sec in self.sections},
             figures=self.figures or figures(self),
         )
+        if fmt is Format.json:
+            print_json(self.doc)
+        elif fmt is Format.tsv:
+            print_tsv(
+                (sec.title, [h for _, h, _ in sec.columns], sec.cells()) for sec in self.sections
+            )
+        else:
+            report.print_sections(stdout_console(), header, self.sections)
         stem = self.stem()
         written = report.write_all(
-            Path(self.s["out"]),
+            folder.path(),
             stem,
             f"pagedctl capacity: {stem}",
             [f"`{command}`", *header],
@@ -286,8 +312,10 @@ class CapacityRun:
         if plot:
             from pagedctl.capacity.plot import write_plots
 
-            written += write_plots(Path(self.s["out"]), stem, self)
-        console.print("wrote " + ", ".join(map(str, written)), highlight=False, soft_wrap=True)
+            written += write_plots(folder.path(), stem, self)
+        progress_console(fmt).print(
+            "wrote " + ", ".join(map(str, written)), markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def _frac(g: float | None) -> str:

@@ -11,10 +11,18 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from pagedctl.console import (
+    FORMAT_HELP,
+    Format,
+    print_json,
+    print_tsv,
+    progress_console,
+    stdout_console,
+)
 from pagedctl.exits import EXIT_USAGE
 from pagedctl.options import axis_flags, engine_flags, flag_of
+from pagedctl.outputs import OVERWRITE_HELP, ResultFolder, out_help
 from pagedctl.recipe_file import RecipeError, find_recipe
 from pagedctl.sweep.recipe import (
     SweepRecipe,
@@ -23,7 +31,17 @@ from pagedctl.sweep.recipe import (
     load_sweep_recipe,
     scale_recipe,
 )
-from pagedctl.sweep.report import rich_comparisons, rich_table, to_doc, write_outputs
+from pagedctl.sweep.report import (
+    comparison_rows,
+    comparisons_title,
+    file_names,
+    rich_comparisons,
+    rich_table,
+    table,
+    title,
+    to_doc,
+    write_outputs,
+)
 from pagedctl.sweep.run import PointResult, SweepError, engine_info, load_engine, run_sweep
 from pagedctl.sweep.settings import (
     ENGINE_KEYS,
@@ -34,7 +52,6 @@ from pagedctl.sweep.settings import (
     parse_axes,
 )
 
-console = Console()
 PLOT_HINT = "--plot needs matplotlib: pip install 'pagedctl[plot]' (or pip install matplotlib)"
 
 
@@ -138,12 +155,14 @@ def sweep(
     experiment: list[str] | None = typer.Option(
         None, "--experiment", help="Run only this experiment of the recipe (repeatable)."
     ),
-    out: Path = typer.Option(Path("results"), "--out", help="Folder for the result files."),
+    out: Path | None = typer.Option(None, "--out", help=out_help(), show_default=False),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     name: str | None = typer.Option(
         None, "--name", help="File stem of the results (default: recipe's name, else 'sweep')."
     ),
     plot: bool = typer.Option(False, "--plot", help="Also write PNG plots (needs matplotlib)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final tables."),
+    fmt: Format = typer.Option(Format.table, "--format", help=FORMAT_HELP, show_default=False),
     engine: dict[str, Any] | None = None,
     axes: dict[str, str] | None = None,
 ) -> None:
@@ -155,8 +174,9 @@ def sweep(
     hit rate, peak and mean KV usage, internal waste and steps (and, where a point swaps, swap
     outs, blocks and bytes moved, transfer time and fallbacks), as min / median / max over the
     repeats. A point that fails (a block size the kernel does not take, an impossible pool) is
-    a row with its reason. Writes <name>.md, .csv and .json (and with --plot .png) to --out.
-    Exit status 0, or 1 when every point failed.
+    a row with its reason. Writes <name>.md, .csv and .json (and with --plot .png) to --out, by
+    default to a new folder runs/<name>-YYYYMMDD-HHMMSS. Exit status 0, or 1 when every point
+    failed; 64 on a bad flag or recipe, or a result file in --out that exists (--overwrite).
     """
     if plot:
         try:
@@ -195,7 +215,9 @@ def sweep(
         raise typer.BadParameter(str(e)) from None
     if name is not None:
         spec.name = name
-    _run(spec, out, plot, quiet)
+    folder = ResultFolder(out, spec.name, overwrite)
+    folder.refuse_existing(file_names(spec.name, [e.name for e in spec.experiments], plot))
+    _run(spec, folder, plot, quiet, fmt)
 
 
 def _recipe(
@@ -232,17 +254,22 @@ def _recipe(
     return spec
 
 
-def _run(spec: SweepRecipe, out: Path, plot: bool, quiet: bool) -> None:
+def _run(spec: SweepRecipe, folder: ResultFolder, plot: bool, quiet: bool, fmt: Format) -> None:
     from pagedctl.envinfo import environment
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     total = sum(len(e.points) for e in spec.experiments)
-    say = (lambda *_: None) if quiet else (lambda text: console.print(text, highlight=False))
+    log = progress_console(fmt)
+
+    def say(text: str) -> None:
+        if not quiet:
+            log.print(text, markup=False, highlight=False)
+
     say(f"sweep {spec.name}: {total} points x {spec.repeats} repeats; loading the model ...")
     try:
         llm = load_engine(spec)
     except SweepError as e:
-        Console(stderr=True).print(f"error: {e}", highlight=False)
+        Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
     info = engine_info(llm)
     where = info.get("gpu") or info["device"]
@@ -254,27 +281,34 @@ def _run(spec: SweepRecipe, out: Path, plot: bool, quiet: bool) -> None:
     try:
         result = run_sweep(spec, llm, progress)
     except RecipeError as e:  # a workload that cannot be drawn or read
-        Console(stderr=True).print(f"error: {e}", highlight=False)
+        Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
     command = "pagedctl " + shlex.join(sys.argv[1:])
     doc = to_doc(result, command, {**environment(), **result.engine_info})
-    for exp in doc["experiments"]:
-        _print_wide(rich_table(exp, doc))
-        if exp["comparisons"]:
-            _print_wide(rich_comparisons(exp))
-    for path in write_outputs(doc, out, spec.name, plot):
+    _print_tables(doc, fmt)
+    for path in write_outputs(doc, folder.path(), spec.name, plot):
         say(f"wrote {path}")
     if all(p["status"] != "ok" for e in doc["experiments"] for p in e["points"]):
         raise typer.Exit(1)
 
 
-def _print_wide(t: Table) -> None:
-    """A table; into a pipe or a file at its natural width rather than squeezed into 80 columns."""
-    if console.is_terminal:
-        console.print(t)
+def _print_tables(doc: dict, fmt: Format) -> None:
+    """Each experiment's table (and its comparisons) on stdout, in the `--format` asked for."""
+    if fmt is Format.json:
+        print_json(doc)
+    elif fmt is Format.tsv:
+        tables = []
+        for exp in doc["experiments"]:
+            tables.append((title(exp, doc), *table(exp, doc)))
+            if exp["comparisons"]:
+                tables.append((comparisons_title(exp), *comparison_rows(exp)))
+        print_tsv(tables)
     else:
-        natural = console.measure(t, options=console.options.update_width(10_000)).maximum
-        Console(width=max(console.width, natural)).print(t)
+        console = stdout_console()
+        for exp in doc["experiments"]:
+            console.print(rich_table(exp, doc))
+            if exp["comparisons"]:
+                console.print(rich_comparisons(exp))
 
 
 def _progress(r: PointResult) -> str:

@@ -172,9 +172,14 @@ def comparison_rows(exp: dict) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def title(exp: dict, doc: dict) -> str:
+    """The title of an experiment's table."""
+    return f"{exp['title']} ({_repeats_note(doc)})"
+
+
 def rich_table(exp: dict, doc: dict) -> Table:
     headers, rows = table(exp, doc)
-    t = Table(title=f"{exp['title']} ({_repeats_note(doc)})", title_justify="left")
+    t = Table(title=title(exp, doc), title_justify="left")
     for i, h in enumerate(headers):
         t.add_column(h, justify="left" if i == 0 or h == "status" else "right")
     for row in rows:
@@ -182,9 +187,13 @@ def rich_table(exp: dict, doc: dict) -> Table:
     return t
 
 
+def comparisons_title(exp: dict) -> str:
+    return f"{exp['title']}: comparisons"
+
+
 def rich_comparisons(exp: dict) -> Table:
     headers, rows = comparison_rows(exp)
-    t = Table(title=f"{exp['title']}: comparisons", title_justify="left")
+    t = Table(title=comparisons_title(exp), title_justify="left")
     for i, h in enumerate(headers):
         t.add_column(h, justify="left" if i == 0 else "right")
     for row in rows:
@@ -276,9 +285,16 @@ def csv_rows(doc: dict) -> list[dict[str, Any]]:
     return rows
 
 
+def file_names(stem: str, experiments: list[str], plot: bool) -> list[str]:
+    """The files a sweep may write: JSON, CSV, Markdown, and with `plot` a PNG per experiment
+    (`plot.write_plots`'s names)."""
+    names = [f"{stem}.json", f"{stem}.csv", f"{stem}.md"]
+    return names + ([f"{stem}-{e}.png" for e in experiments] if plot else [])
+
+
 def write_outputs(doc: dict, out: Path, stem: str, plot: bool) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.json", out / f"{stem}.csv", out / f"{stem}.md"]
+    paths = [out / name for name in file_names(stem, [], plot=False)]
     paths[0].write_text(json.dumps(doc, indent=1) + "\n")
     rows = csv_rows(doc)
     with paths[1].open("w", newline="") as f:
