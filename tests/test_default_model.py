@@ -471,7 +471,7 @@ def test_a_first_pull_shows_as_its_own_start_up_phases(
     start-up, apart from `import`, so that a first run's start-up says where its time went."""
     from pagedctl.engine.gguf import sha256_file
     from pagedctl.engine.startup import StartupClock, process_age_s
-    from pagedctl.generate.cmd import startup_line
+    from pagedctl.generate.report import startup_line
     from pagedctl.models import bundled
 
     tiny = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"))

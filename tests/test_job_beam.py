@@ -12,11 +12,11 @@ import pytest
 
 from pagedctl.engine import LLM, BeamSearchParams, SamplingParams
 from pagedctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagedctl.generate.cmd import _print_summary
 from pagedctl.generate.job import GenerateJob, exit_code_for
 from pagedctl.generate.reader import JobRequest, LineError, ReaderLimits, read_requests
 from pagedctl.generate.recipe import JobSettings
 from pagedctl.generate.records import dumps, ok_record
+from pagedctl.generate.report import print_summary
 from pagedctl.generate.summary import beam_summary
 from pagedctl.generate.validate import FieldError, engine_params
 from pagedctl.models.bundled import engine_settings
@@ -275,7 +275,7 @@ def test_a_job_runs_beam_lines_beside_sampled_and_bad_ones(tmp_path: Path, capsy
     )
     assert figures["cow_copies"] == beams["num_cow_copies"] > 0
 
-    _print_summary(summary, quiet=False, log_format="text")
+    print_summary(summary, quiet=False, log_format="text")
     table = capsys.readouterr().out
     assert "beam searches" in table and f"{figures['shared_saving']:.1%}" in table
 
@@ -286,7 +286,7 @@ def test_a_job_without_beams_has_no_beam_figures(tmp_path: Path, capsys) -> None
     assert summary["ok"] == 1 and "beam_search" not in summary
     assert beam_summary({"num_groups": 0, "peak_blocks": 0, "peak_blocks_unshared": 0,
                          "num_shared_blocks": 0, "num_cow_copies": 0}) == {}  # fmt: skip
-    _print_summary(summary, quiet=False, log_format="text")
+    print_summary(summary, quiet=False, log_format="text")
     assert "beam searches" not in capsys.readouterr().out
 
 

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pagedctl.cli import app
-from pagedctl.generate.cmd import _print_summary
 from pagedctl.generate.job import GenerateJob
 from pagedctl.generate.recipe import JobSettings
+from pagedctl.generate.report import print_summary
 from tests.job_utils import read_jsonl, run, write_jsonl
 from tests.tiny_models import save_tiny_model
 
@@ -157,13 +157,13 @@ def test_a_host_pool_too_small_falls_back_and_recompute_adds_nothing(tmp_path, c
     # A preemption the host could not take, or a unit dropped from it, is recomputed instead.
     assert swap["fallbacks_to_recompute"] == summary["preemptions"] - swap["swap_ins"]
     assert summary["recomputed_tokens"] > 0  # the fallbacks were computed again
-    _print_summary(summary, quiet=False, log_format="text")
+    print_summary(summary, quiet=False, log_format="text")
     assert "swap (swap)" in capsys.readouterr().out
 
     plain = write_jsonl(tmp_path / "plain.jsonl", _lines())
     summary = _job(plain).run().summary
     assert summary["preemptions"] > 0 and "swap" not in summary
-    _print_summary(summary, quiet=False, log_format="text")
+    print_summary(summary, quiet=False, log_format="text")
     assert "swap" not in capsys.readouterr().out
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from pagedctl.exits import EXIT_DATAERR, EXIT_OK, EXIT_PARTIAL, EXIT_TEMPFAIL, EXIT_USAGE
 from pagedctl.generate.deadline import Deadline
-from pagedctl.generate.errors import JobExit, JobStopped, StopSignals
+from pagedctl.generate.errors import JobExit, JobStopped, StopSignals, stop_code
 from pagedctl.generate.job import GenerateJob
 from pagedctl.generate.paths import base_name, identity
 from pagedctl.generate.recipe import JobSettings
@@ -197,6 +197,8 @@ def _run_locked(s, templates, deadline, force, quiet, log_format, report) -> Spo
         if llm is not None and s.replicas is not None:
             llm.close()
     outcome.rows += left
+    if outcome.message is None and stop.signum is not None:  # between two inputs
+        _stop_at(outcome, stop_code(stop.signum), f"stopped by {stop.name}: rerun to go on")
     if outcome.message is None and failures:
         code, _ = failures[0]
         names = ", ".join(name for _, name in failures)
