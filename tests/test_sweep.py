@@ -281,3 +281,21 @@ def test_input_file_workload_and_plots(tmp_path):
         assert run["requests"] == run["finished"] == 2
         assert run["output_tokens"] == 5 + 2 * 3 and run["prompt_tokens"] == 19 + 4
     assert (tmp_path / "grid-grid.png").stat().st_size > 1000
+
+
+def test_max_tokens_has_a_job_lines_range_and_paths_are_the_current_directorys(tmp_path):
+    """A sweep's max_tokens and output_len take the range a job's line does (4.0 is 4, 0 and
+    4.5 refused), and a recipe's relative input is the current directory's, as in every recipe."""
+    from pagedctl.sweep.settings import check_value, check_workload
+
+    assert check_value("w", "max_tokens", 4.0) == 4
+    for key, value, message in [
+        ("max_tokens", 0, "max_tokens must be an integer >= 1"),
+        ("max_tokens", 4.5, "fractional part"),
+        ("output_len", [0, 8], "output_len must be an integer >= 1"),
+    ]:
+        with pytest.raises(RecipeError, match=message):
+            check_value("w", key, value)
+    assert check_workload("w", {"kind": "file", "input": "jobs/a.jsonl"})["input"] == (
+        "jobs/a.jsonl"
+    )

@@ -53,7 +53,8 @@ class CapacityRecipeError(RecipeError):
 
 
 def load_capacity_recipe(path: Path) -> dict[str, Any]:
-    """Read and check a recipe; relative file paths are taken from the recipe's folder."""
+    """Read and check a recipe; a relative file path is the current directory's, as in every
+    recipe."""
     try:
         doc = read_recipe(path)
     except RecipeError as e:
@@ -65,8 +66,7 @@ def load_capacity_recipe(path: Path) -> dict[str, Any]:
         )
     for key in PATH_KEYS:
         if doc.get(key) is not None:
-            p = Path(doc[key])
-            doc[key] = str(p if p.is_absolute() else path.parent / p)
+            doc[key] = str(Path(doc[key]).expanduser())
     for i, entry in enumerate(doc.get("compare") or []):
         if (
             not isinstance(entry, dict)

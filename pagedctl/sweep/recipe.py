@@ -109,15 +109,13 @@ def load_sweep_recipe(path: Path) -> SweepRecipe:
     doc = read_recipe(path)
     where = f"recipe {path}"
     doc = check_keys(where, doc, TOP_KEYS)
-    base = path.parent
     engine = check_engine(f"{where}, engine", doc.get("engine"))
-    workload = check_workload(f"{where}, workload", doc.get("workload"), base)
+    workload = check_workload(f"{where}, workload", doc.get("workload"))
     raw = doc.get("experiments") or [{"name": "grid"}]
     if not isinstance(raw, list):
         raise fail(where, "experiments must be a list")
     experiments = [
-        _experiment(f"{where}, experiment {i + 1}", e, engine, workload, base)
-        for i, e in enumerate(raw)
+        _experiment(f"{where}, experiment {i + 1}", e, engine, workload) for i, e in enumerate(raw)
     ]
     names = [e.name for e in experiments]
     if len(set(names)) < len(names):
@@ -139,20 +137,17 @@ def load_sweep_recipe(path: Path) -> SweepRecipe:
     return recipe
 
 
-def _experiment(where: str, doc: Any, engine: dict, workload: dict, base: Path) -> Experiment:
+def _experiment(where: str, doc: Any, engine: dict, workload: dict) -> Experiment:
     doc = check_keys(where, doc, EXPERIMENT_KEYS)
     name = str(doc.get("name") or "grid")
     where = f"{where.rsplit(',', 1)[0]}, experiment {name!r}"
     engine = {**engine, **check_engine(f"{where}, engine", doc.get("engine"))}
-    workload = merge_workload(
-        workload, check_workload(f"{where}, workload", doc.get("workload"), base)
-    )
+    workload = merge_workload(workload, check_workload(f"{where}, workload", doc.get("workload")))
     raw_points = doc.get("points") or [{"label": ""}]
     if not isinstance(raw_points, list):
         raise fail(where, "points must be a list")
     points = [
-        _point(f"{where}, point {i + 1}", p, engine, workload, base)
-        for i, p in enumerate(raw_points)
+        _point(f"{where}, point {i + 1}", p, engine, workload) for i, p in enumerate(raw_points)
     ]
     points = expand_axes(points, parse_axes(where, doc.get("axes")))
     _check_labels(where, points)
@@ -180,7 +175,7 @@ def _experiment(where: str, doc: Any, engine: dict, workload: dict, base: Path) 
     )
 
 
-def _point(where: str, doc: Any, engine: dict, workload: dict, base: Path) -> Point:
+def _point(where: str, doc: Any, engine: dict, workload: dict) -> Point:
     doc = check_keys(where, doc, POINT_KEYS)
     reference = check_keys(f"{where}, reference", doc.get("reference"), tuple(METRICS))
     for key, value in reference.items():
@@ -190,7 +185,7 @@ def _point(where: str, doc: Any, engine: dict, workload: dict, base: Path) -> Po
         label=str(doc.get("label") or ""),
         engine={**engine, **check_engine(f"{where}, engine", doc.get("engine"))},
         workload=merge_workload(
-            workload, check_workload(f"{where}, workload", doc.get("workload"), base)
+            workload, check_workload(f"{where}, workload", doc.get("workload"))
         ),
         reference={k: float(v) for k, v in reference.items()},
     )

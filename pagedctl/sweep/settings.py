@@ -11,6 +11,7 @@ from typing import Any
 
 from pagedctl.engine.config import ALIASES as CONFIG_ALIASES
 from pagedctl.engine.config import NAMES, RUNTIME_NAMES, SETTINGS, ConfigError, coerce, short_name
+from pagedctl.generate.validate import FieldError, check_max_tokens
 from pagedctl.recipe_file import RecipeError
 
 # fmt: off
@@ -76,7 +77,12 @@ def check_value(where: str, key: str, value: Any) -> Any:
             return value.lower() in ("on", "true")
         if not isinstance(value, bool):
             raise fail(where, f"{key} must be on/off (true/false), got {value!r}")
-    elif key in ("num_requests", "n", "seed", "max_tokens"):
+    elif key == "max_tokens":  # the range of a job line's max_tokens (4.0 is 4)
+        try:
+            value = check_max_tokens(value)
+        except FieldError as e:
+            raise fail(where, e.message) from None
+    elif key in ("num_requests", "n", "seed"):
         low = 0 if key == "seed" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise fail(where, f"{key} must be an integer >= {low}, got {value!r}")
@@ -85,7 +91,12 @@ def check_value(where: str, key: str, value: Any) -> Any:
             raise fail(where, f"{key} must be a number >= 0, got {value!r}")
         value = float(value)
     elif key in LENGTH_KEYS or key == "token_ids":
-        parse_length(where, key, value)
+        low, _ = parse_length(where, key, value)
+        if key == "output_len":  # each request's max_tokens
+            try:
+                check_max_tokens(low, key="output_len")
+            except FieldError as e:
+                raise fail(where, e.message) from None
     return value
 
 
@@ -100,18 +111,18 @@ def parse_length(where: str, key: str, value: Any) -> tuple[int, int]:
     raise fail(where, f"{key} must be an integer or [low, high] with 0 <= low <= high: {value!r}")
 
 
-def check_workload(where: str, doc: Any, base: Path | None = None) -> dict[str, Any]:
+def check_workload(where: str, doc: Any) -> dict[str, Any]:
     """Workload keys (any kind's; the kind's own set is checked when the workload is drawn).
 
-    A relative `input` is taken relative to `base` (the recipe's folder).
+    A relative `input` is the current directory's, as in every recipe (never the recipe's
+    folder's: a shipped recipe run by name would read inside the package).
     """
     doc = check_keys(where, doc, ("kind", *WORKLOAD_KEYS))
     if "kind" in doc and doc["kind"] not in WORKLOAD_KINDS:
         raise fail(where, f"kind must be one of {', '.join(WORKLOAD_KINDS)}, got {doc['kind']!r}")
     out = {k: v if k in ("kind", "input") else check_value(where, k, v) for k, v in doc.items()}
     if out.get("input") is not None:
-        path = Path(str(out["input"]))
-        out["input"] = str(path if path.is_absolute() or base is None else base / path)
+        out["input"] = str(Path(str(out["input"])).expanduser())
     return out
 
 
