@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .kv_sizing import cdiv
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -335,7 +336,7 @@ class BeamGroup:
         if self.leader is None:
             return 0
         full = self.leader.num_tokens // block_size
-        each = -(-self.beams[0].seq.num_tokens // block_size)
+        each = cdiv(self.beams[0].seq.num_tokens, block_size)
         return full + len(self.beams) * (each - full)
 
     # ---------------------------------------------------------------- figures

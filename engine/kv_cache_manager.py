@@ -23,16 +23,13 @@ from .block_hash import (
 )
 from .block_pool import BlockPool, KVCacheBlock
 from .config import CacheConfig
+from .kv_sizing import cdiv
 from .sequence import Sequence
 from .swap import HostBlockPool
 
 CopyOp = tuple[int, int]  # (source block id, destination block id)
 RECENT_CHAINS = 16  # sequences, by first block, whose hash chains new sequences may start from
 NO_COPIES: tuple[CopyOp, ...] = ()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass

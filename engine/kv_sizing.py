@@ -41,6 +41,11 @@ def parse_bytes(text: str | int | float) -> int:
     return value
 
 
+def cdiv(a: int, b: int) -> int:
+    """`ceil(a / b)` for integers: the blocks that hold `a` tokens, `b` to a block."""
+    return -(-a // b)
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -79,7 +84,7 @@ class KVLayout:
 
 def max_concurrency(num_blocks: int, block_size: int, max_model_len: int) -> float:
     """Sequences of `max_model_len` tokens the pool holds at once (vLLM's start-up figure)."""
-    return num_blocks / -(-max_model_len // block_size)
+    return num_blocks / cdiv(max_model_len, block_size)
 
 
 def layout_from_config_dict(config: dict, dtype_bytes: int = 2) -> KVLayout:
@@ -134,5 +139,5 @@ def sequences_in_pool(
     is its own).
     """
     shared = min(shared_prefix_tokens // block_size, (seq_len - 1) // block_size)
-    own = -(-seq_len // block_size) - shared
+    own = cdiv(seq_len, block_size) - shared
     return max(num_blocks - shared, 0) // own

@@ -27,6 +27,7 @@ from torch import Tensor
 from ..kernels import empty_kv_cache, graph_capturable
 from .block_tables import BlockTables
 from .host_kv import HostKVCache
+from .kv_sizing import cdiv
 from .models.attention import AttentionMetadata
 from .sampler import Sampler, SamplerOutput, make_generator
 from .scheduler import SchedulerOutput
@@ -106,7 +107,7 @@ class ModelRunner:
         self.staging = Staging(device)
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
         # plus the blocks reserved ahead of a fork.
-        max_blocks = -(-max_model_len // block_size) + 2
+        max_blocks = cdiv(max_model_len, block_size) + 2
         self.tables = BlockTables(
             max_blocks, block_size, device, self.staging, max(16, max_num_seqs)
         )

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..kernels import empty_kv_cache
 from .config import DEFAULTS
 from .host_kv import HostKVCache
-from .kv_sizing import format_bytes
+from .kv_sizing import cdiv, format_bytes
 from .models.attention import AttentionMetadata
 from .swap import PreemptionCosts, fitted
 
@@ -96,7 +96,7 @@ def profile_peak_bytes(
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    num_blocks = -(-num_tokens // block_size)
+    num_blocks = cdiv(num_tokens, block_size)
     kv = empty_kv_cache(
         model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, device
     )  # as the runner lays it out
@@ -120,7 +120,7 @@ def prefill_forward(
 ) -> torch.Tensor:
     """One sequence's prefill of `num_tokens` dummy tokens through `caches` (its KV written to
     the first blocks); the hidden states."""
-    num_blocks = -(-num_tokens // block_size)
+    num_blocks = cdiv(num_tokens, block_size)
     positions = torch.arange(num_tokens, device=device)
     meta = AttentionMetadata(
         slot_mapping=positions.clone(),

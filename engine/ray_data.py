@@ -43,6 +43,7 @@ import ray.data
 from ray.data._internal.datasource.range_datasource import RangeDatasource
 
 from .config import EngineConfig
+from .kv_sizing import cdiv
 from .outputs import RequestOutput
 from .ray_replica import (
     Feeder,
@@ -143,10 +144,10 @@ class ReplicaPool:
         feeder = Feeder.remote()
         # A replica takes a block at a time, so a segment is one block and one batch: small
         # enough that every replica gets several, at most SEGMENT.
-        segment = min(SEGMENT, max(1, -(-max_requests // (4 * self.replicas))))
-        batches = self.max_concurrent_batches or max(2, -(-self.max_num_seqs // segment))
+        segment = min(SEGMENT, max(1, cdiv(max_requests, 4 * self.replicas)))
+        batches = self.max_concurrent_batches or max(2, cdiv(self.max_num_seqs, segment))
         window = max(2 * segment, self.replicas * batches * segment * 2)
-        num_segments = -(-max(max_requests, 1) // segment) + 1
+        num_segments = cdiv(max(max_requests, 1), segment) + 1
         ds = ray.data.read_datasource(
             RangeDatasource(num_segments, column_name="id"),
             override_num_blocks=num_segments,

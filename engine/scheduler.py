@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 from .beam_search import BeamGroup, BeamStats
 from .config import CacheConfig, SchedulerConfig
-from .kv_cache_manager import CopyOp, KVCacheManager, cdiv
+from .kv_cache_manager import CopyOp, KVCacheManager
+from .kv_sizing import cdiv
 from .sequence import Sequence, SequenceStatus
 from .swap import PreemptionCosts
 
@@ -55,14 +56,6 @@ class SchedulerOutput:
     swap_in: list[CopyOp] = field(default_factory=list)  # (host block, device block)
     preempted: list[Sequence] = field(default_factory=list)
     total_num_scheduled_tokens: int = 0
-
-    @property
-    def num_scheduled_tokens(self) -> dict[int, int]:
-        return {s.seq_id: n for s, n in zip(self.seqs, self.num_new_tokens, strict=True)}
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
 
 
 @dataclass

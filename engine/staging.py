@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .kv_sizing import cdiv
+
 _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 
 
@@ -40,7 +42,7 @@ class Staging:
         Call `staged()` after enqueueing the copy that reads it."""
         if not self.pinned:
             return torch.from_numpy(np.ascontiguousarray(array))
-        start = -(-self._used // 8) * 8
+        start = cdiv(self._used, 8) * 8
         end = start + array.nbytes
         if end > len(self._arena):
             self._event.synchronize()  # no copy still reads the old arena

@@ -15,7 +15,13 @@ from typing import Any
 
 import typer
 
-from pagedctl.engine.config import NAMES, RUNTIME_NAMES, SETTINGS, describe, show_default
+from pagedctl.engine import (
+    RUNTIME_SETTING_NAMES,
+    SETTING_NAMES,
+    SETTINGS,
+    describe_setting,
+    setting_default,
+)
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "bytes": str, "choice": str}
 # What a flag's value is, in help: click's words for its types, as `--max-tokens INTEGER`.
@@ -49,7 +55,7 @@ def _help(name: str, more: str = "") -> str:
     """
     s = SETTINGS[name]
     unit = f" ({s.unit})" if s.unit and s.unit != "fraction" else ""
-    return with_default(f"{s.help.rstrip('.')}{unit}.{more}", show_default(name))
+    return with_default(f"{s.help.rstrip('.')}{unit}.{more}", setting_default(name))
 
 
 def _engine_option(name: str) -> tuple[type, Any]:
@@ -63,19 +69,19 @@ def _engine_option(name: str) -> tuple[type, Any]:
 
 
 def _axis_option(name: str) -> tuple[type, Any]:
-    more = f" One value, or an axis of comma-separated values, each {describe(name)}."
+    more = f" One value, or an axis of comma-separated values, each {describe_setting(name)}."
     return str | None, typer.Option(
         None, *flag_names(name), help=_help(name, more), show_default=False, metavar=AXIS_METAVAR
     )
 
 
-def engine_flags(names: Iterable[str] = NAMES) -> Callable:
+def engine_flags(names: Iterable[str] = SETTING_NAMES) -> Callable:
     """Decorator: the command also takes a flag per setting in `names`; they reach it as one
     keyword, `engine`, a dict of the flags that were given (by setting name)."""
     return _with_options(list(names), _engine_option, "engine")
 
 
-def axis_flags(names: Iterable[str] = RUNTIME_NAMES) -> Callable:
+def axis_flags(names: Iterable[str] = RUNTIME_SETTING_NAMES) -> Callable:
     """Decorator: the command takes each setting in `names` as an axis flag (text, comma-
     separated); they reach it as one keyword, `axes`, a dict of the flags that were given."""
     return _with_options(list(names), _axis_option, "axes")

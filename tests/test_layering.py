@@ -8,7 +8,9 @@ forbids); imports under `if TYPE_CHECKING:` are left out (they never run):
 - no import cycle between modules (strongly connected components of more than one module);
 - no arrow back up: the kernels import neither the engine nor the CLI, the engine does not import
   the CLI (`pagedctl` itself, for `__version__`, is the CLI too);
-- the CLI uses no private name (`_x`) of the engine or the kernels.
+- the CLI uses no private name (`_x`) of the engine or the kernels;
+- the CLI imports the engine's public surface only (`pagedctl.engine`, its `__init__`), never a
+  module behind it, and no kernel: a module moved inside the engine changes its export table only.
 
 `from pkg import name` is an import of `pkg.name` when that is a module, else of `pkg`; importing
 a package means its `__init__`, i.e. the package module. `check_layering` takes any tree, so the
@@ -54,9 +56,10 @@ class Report:
     cycles: list[list[Import]] = field(default_factory=list)  # the edges inside each cycle
     upward: list[Import] = field(default_factory=list)
     private: list[Import] = field(default_factory=list)
+    behind: list[Import] = field(default_factory=list)  # the CLI past the engine's surface
 
     def ok(self) -> bool:
-        return not (self.cycles or self.upward or self.private)
+        return not (self.cycles or self.upward or self.private or self.behind)
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,8 @@ def check_layering(
         taken = (*layers.below_root(edge.target), *edge.names) if dst != CLI else ()
         if src == CLI and any(_private(n) for n in taken):
             report.private.append(edge)
+        if src == CLI and dst != CLI and edge.target != layers.engine:
+            report.behind.append(edge)
     for component in strongly_connected(graph):
         members = set(component)
         report.cycles.append([e for e in edges if e.importer in members and e.target in members])
@@ -332,6 +337,13 @@ def test_the_cli_uses_no_private_names_of_the_engine_or_kernels(report: Report) 
     )
 
 
+def test_the_cli_imports_the_engines_surface_only(report: Report) -> None:
+    assert not report.behind, (
+        "the CLI imports past `pagedctl.engine` (export the name from engine/__init__.py):\n"
+        + describe(report.behind, ROOT)
+    )
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name
@@ -369,6 +381,12 @@ def test_the_checker_catches_a_broken_tree(tmp_path: Path) -> None:
     assert up == {("eng/core.py", 5, "pkg"), ("kern/ops.py", 1, "pkg.eng.core")}
     private = {(e.path.name, e.line, e.names) for e in report.private}
     assert private == {("main.py", 3, ("_hidden",)), ("opts.py", 1, ("_fast",))}
+    behind = {(e.path.name, e.line, e.target) for e in report.behind}
+    assert behind == {
+        ("main.py", 1, "pkg.eng.core"),
+        ("main.py", 2, "pkg.eng.core"),
+        ("opts.py", 1, "pkg.kern.ops"),
+    }
     message = describe(report.upward, tmp_path)
     assert "eng/core.py:5: pkg.eng.core -> pkg: from pkg import __version__" in message
     # the TYPE_CHECKING-only import counts for nothing; its else branch does

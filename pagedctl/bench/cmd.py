@@ -18,7 +18,7 @@ from pagedctl.console import (
     progress_console,
     stdout_console,
 )
-from pagedctl.engine.config import DEFAULTS
+from pagedctl.engine import ENGINE_DEFAULTS
 from pagedctl.options import engine_flags
 from pagedctl.outputs import OVERWRITE_HELP, ResultFolder, out_help
 
@@ -143,7 +143,9 @@ def bench_recipe(
 @bench_app.command("scheduler")
 def bench_scheduler(
     num_seqs: str = typer.Option("256,1024", help="Running sequences, comma-separated."),
-    block_size: int = typer.Option(DEFAULTS["block_size"], min=1, help="KV block size in tokens."),
+    block_size: int = typer.Option(
+        ENGINE_DEFAULTS["block_size"], min=1, help="KV block size in tokens."
+    ),
     prompt_len: int = typer.Option(128, min=1, help="Prompt length in tokens."),
     steps: int = typer.Option(256, min=1, help="Decode steps timed per repeat."),
     repeats: int = typer.Option(5, min=1, help="Timed repeats; the median is reported."),

@@ -81,9 +81,7 @@ def _matmul_s(n: int, dtype: torch.dtype, device: torch.device) -> float:
 
 
 def model_cost(hf_config, dtype_bytes: int) -> ModelCost:
-    from pagedctl.engine.kv_sizing import KVLayout
-    from pagedctl.engine.models import model_spec
-    from pagedctl.engine.weights import expected_weight_shapes
+    from pagedctl.engine import KVLayout, expected_weight_shapes, model_spec
 
     spec = model_spec(hf_config)
     shapes = expected_weight_shapes(hf_config)
@@ -140,8 +138,7 @@ def workload_floor(prompt_lens: list[int], max_tokens: list[int], cost: ModelCos
 
 def floor_of(recipe, wl) -> dict:
     """The recipe's workload floor on its device, measured now (CUDA only)."""
-    from pagedctl.engine import resolve_model
-    from pagedctl.engine.device import resolve_device, resolve_dtype
+    from pagedctl.engine import resolve_device, resolve_dtype, resolve_model
 
     device = resolve_device(recipe.device)
     dtype = resolve_dtype(recipe.dtype, device)

@@ -135,8 +135,7 @@ def run_vllm(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
     """vLLM in its own process (`bench.vllm_peer`): loaded and warmed up (not timed), then one
     timed `generate` of the workload. On a CPU its KV pool is pagedctl's default size."""
     from pagedctl.bench.vllm_peer import VLLMProcess
-    from pagedctl.engine import resolve_model
-    from pagedctl.engine.device import default_cpu_kv_bytes, resolve_device, resolve_dtype
+    from pagedctl.engine import default_cpu_kv_bytes, resolve_device, resolve_dtype, resolve_model
 
     source = resolve_model(recipe.model, recipe.load_format)
     device = resolve_device(recipe.device)
@@ -296,7 +295,7 @@ def run_hf_static(recipe: BenchRecipe, wl: Workload, settings: dict) -> SideRun:
 
 
 def hf_peer_model(recipe: BenchRecipe, settings: dict):
-    from pagedctl.engine.device import resolve_device, resolve_dtype
+    from pagedctl.engine import resolve_device, resolve_dtype
 
     device = resolve_device(recipe.device)
     dtype = resolve_dtype(recipe.dtype, device)

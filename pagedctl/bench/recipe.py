@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagedctl.engine.config import SETTINGS, ConfigError, EngineConfig, canonical
+from pagedctl.engine import SETTINGS, ConfigError, EngineConfig, canonical_settings
 from pagedctl.recipe_file import RecipeError, read_recipe
 
 PEERS = ("hf-generate", "hf-static", "hf-continuous", "vllm")
@@ -134,7 +134,7 @@ def load_bench_recipe(path: Path) -> BenchRecipe:
         raise RecipeError(f"recipe {path}: section 'engine' must be a mapping")
     engine = {k: v for k, v in doc.items() if k in SETTINGS}
     try:
-        config = EngineConfig(**canonical({**engine, **section}, f"recipe {path}, engine"))
+        config = EngineConfig(**canonical_settings({**engine, **section}, f"recipe {path}, engine"))
     except ConfigError as e:
         raise RecipeError(str(e)) from None
     work = doc.get("workload") or {}

@@ -27,7 +27,7 @@ from pagedctl.bench.peers import (
     run_vllm,
 )
 from pagedctl.bench.recipe import BenchRecipe, Workload, make_workload
-from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.engine import format_bytes
 
 SIDES: dict[str, Callable[[BenchRecipe, Workload, dict], SideRun]] = {
     "pagedctl": run_pagedctl,
@@ -58,8 +58,7 @@ FLOOR_NOTE = (
 
 def check_runnable(recipe: BenchRecipe) -> None:
     """Fail early, with the engine's own message, on a model, device or dtype that cannot run."""
-    from pagedctl.engine import resolve_model
-    from pagedctl.engine.device import resolve_device, resolve_dtype
+    from pagedctl.engine import resolve_device, resolve_dtype, resolve_model
 
     try:
         device = resolve_device(recipe.device)
@@ -74,7 +73,7 @@ def check_runnable(recipe: BenchRecipe) -> None:
 
 def device_info(recipe: BenchRecipe) -> dict:
     """The accelerator the run used, for the environment record."""
-    from pagedctl.engine.device import resolve_device
+    from pagedctl.engine import resolve_device
 
     device = resolve_device(recipe.device)
     if device.type != "cuda":
@@ -84,7 +83,7 @@ def device_info(recipe: BenchRecipe) -> dict:
 
 def run_bench(recipe: BenchRecipe, peers: list[str], log: Callable[[str], None]) -> dict:
     """Run pagedctl, then each peer, one after another in this process; a JSON-ready result."""
-    from pagedctl.engine.device import resolve_device
+    from pagedctl.engine import resolve_device
 
     device = resolve_device(recipe.device)
     wl = make_workload(recipe.workload)

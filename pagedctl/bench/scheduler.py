@@ -12,8 +12,14 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from pagedctl.engine import CacheConfig, SamplingParams, Scheduler, SchedulerConfig, Sequence
-from pagedctl.engine.config import DEFAULTS
+from pagedctl.engine import (
+    ENGINE_DEFAULTS,
+    CacheConfig,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ def _fake_tokens(out, rng: random.Random) -> list[list[int]]:
 def run(
     num_seqs: int,
     *,
-    block_size: int = DEFAULTS["block_size"],
+    block_size: int = ENGINE_DEFAULTS["block_size"],
     prompt_len: int = 128,
     steps: int = 256,
     repeats: int = 5,

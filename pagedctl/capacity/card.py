@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedctl.engine.config import default_step_limits
-from pagedctl.engine.kv_sizing import KVLayout, kv_budget_bytes, parse_bytes
+from pagedctl.engine import KVLayout, default_step_limits, kv_budget_bytes, parse_bytes
 
 GiB = 2**30
 # Total memory as CUDA reports it (torch `total_memory`, the "total capacity" of an out-of-memory

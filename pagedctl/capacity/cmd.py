@@ -14,7 +14,7 @@ from pagedctl.capacity.inputs import fail
 from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
 from pagedctl.capacity.run import CapacityRun
 from pagedctl.console import FORMAT_HELP, Format
-from pagedctl.engine.config import DEFAULTS as ENGINE_DEFAULTS
+from pagedctl.engine import ENGINE_DEFAULTS
 from pagedctl.options import with_default
 from pagedctl.outputs import OVERWRITE_HELP, ResultFolder, out_help
 from pagedctl.recipe_file import RecipeError, find_recipe

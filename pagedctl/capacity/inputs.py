@@ -16,7 +16,7 @@ from pagedctl.capacity.card import CardError, resolve_card
 from pagedctl.capacity.lengths import Lengths, LengthsError, from_distribution, from_jobs
 from pagedctl.capacity.model import ModelFootprint, ModelSpecError, dtype_bytes, resolve_footprint
 from pagedctl.capacity.recipe import as_list
-from pagedctl.engine.kv_sizing import parse_bytes
+from pagedctl.engine import parse_bytes
 from pagedctl.exits import EXIT_USAGE
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from pagedctl.engine.kv_sizing import KVLayout, layout_from_config_dict
+from pagedctl.engine import KVLayout, layout_from_config_dict
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
@@ -76,7 +76,7 @@ def dtype_bytes(dtype: str, config: dict) -> tuple[str, int]:
 
 def resolve_footprint(model: str) -> ModelFootprint:
     """Find `model` (folder, config file, preset or cached Hugging Face id) and count it."""
-    from pagedctl.engine import model_source
+    from pagedctl.engine import list_presets, resolve_model
 
     path = Path(model).expanduser()
     if path.is_dir():
@@ -85,11 +85,11 @@ def resolve_footprint(model: str) -> ModelFootprint:
         if path.suffix != ".json":
             raise ModelSpecError(f"{path} is not a folder or a config.json file")
         return _from_config(model, _read_config(path), None)
-    presets = model_source.list_presets()
+    presets = list_presets()
     if model in presets:
         return _from_config(model, _read_config(presets[model]), None)
     try:
-        source = model_source.resolve_model(model)
+        source = resolve_model(model)
     except ValueError:
         source = None
     if source is not None and source.weights_dir is not None:
@@ -153,7 +153,7 @@ def _notes(cfg: dict) -> tuple[str, ...]:
 
 def params_from_config(cfg: dict) -> int:
     """Parameters of a Llama / Mistral / Qwen2 / Qwen3 decoder with this config."""
-    from pagedctl.engine.weights import expected_weight_shapes
+    from pagedctl.engine import expected_weight_shapes
 
     heads = cfg["num_attention_heads"]
     ns = SimpleNamespace(

@@ -14,9 +14,7 @@ import numpy as np
 from pagedctl.capacity.card import Card, Pool, scheduler_budget, size_pool
 from pagedctl.capacity.lengths import Lengths
 from pagedctl.capacity.model import ModelFootprint, activation_peak_bytes
-from pagedctl.engine.kv_cache_manager import cdiv
-from pagedctl.engine.kv_sizing import KVLayout, max_concurrency, sequences_in_pool
-from pagedctl.engine.swap import host_blocks
+from pagedctl.engine import KVLayout, cdiv, host_blocks, max_concurrency, sequences_in_pool
 
 
 @dataclass(frozen=True)

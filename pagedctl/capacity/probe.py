@@ -198,7 +198,7 @@ def probe_rows(estimate: dict, contiguous: dict | None, engine: list[dict]) -> l
 
 
 def _show(v, unit: str) -> str:
-    from pagedctl.engine.kv_sizing import format_bytes
+    from pagedctl.engine import format_bytes
 
     if v is None:
         return "-"

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.engine import format_bytes
 
 Fmt = Callable[[object], str]
 

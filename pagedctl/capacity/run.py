@@ -9,7 +9,7 @@ from typing import Any
 from pagedctl.capacity import inputs, plan, report, sim
 from pagedctl.capacity.recipe import as_list, compare_rows
 from pagedctl.console import Format, print_json, print_tsv, progress_console, stdout_console
-from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.engine import format_bytes
 from pagedctl.outputs import ResultFolder
 
 

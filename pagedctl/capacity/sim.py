@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedctl.engine.block_pool import BlockPool
-from pagedctl.engine.kv_cache_manager import cdiv
+from pagedctl.engine import BlockPool, cdiv
 
 WARMUP_SHARE = 0.1  # arrivals before this share of the stream fill the pool and are not counted
 

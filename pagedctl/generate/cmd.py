@@ -16,8 +16,7 @@ from typing import Any
 import typer
 from typer.exceptions import TyperException
 
-from pagedctl.engine.config import ConfigError, EngineConfig
-from pagedctl.engine.sampling_params import SamplingParams
+from pagedctl.engine import ConfigError, EngineConfig, SamplingParams
 from pagedctl.exits import (
     EXIT_CODES,
     EXIT_FAILED,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedctl import __version__
-from pagedctl.engine.token_bytes import TokenBytes
+from pagedctl.engine import TokenBytes
 from pagedctl.exits import (
     EXIT_DATAERR,
     EXIT_FAILED,

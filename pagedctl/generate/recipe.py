@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagedctl.engine.config import ConfigError, canonical
+from pagedctl.engine import ConfigError, canonical_settings
 from pagedctl.generate.deadline import parse_duration
 from pagedctl.generate.templates import fields_of
 from pagedctl.generate.validate import FieldError, check_max_tokens
@@ -79,7 +79,7 @@ def load_recipe(path: Path) -> dict[str, Any]:
             raise RecipeError(f"recipe {path}: section {key!r} must be a mapping")
         if key == "engine":
             try:
-                doc["engine"] = canonical(value, f"recipe {path}, engine")
+                doc["engine"] = canonical_settings(value, f"recipe {path}, engine")
             except ConfigError as e:
                 raise RecipeError(str(e)) from None
             continue

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the engine is only read here; importing it at run time is not needed
-    from pagedctl.engine.outputs import CompletionOutput, RequestOutput
+    from pagedctl.engine import CompletionOutput, RequestOutput
 
 TokenBytes = Callable[[int], bytes]  # a token id's exact bytes
 ENDPOINTS = ("chat", "completion")

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedctl.engine.model_source import resolve_model
-from pagedctl.engine.weights import load_tokenizer
+from pagedctl.engine import load_tokenizer, resolve_model
 from pagedctl.exits import EXIT_TEMPFAIL
 from pagedctl.generate.errors import JobExit
 
 
 class ScaledOut:
     def __init__(self, settings: dict[str, Any], replicas: int, address: str | None) -> None:
-        from pagedctl.engine.ray_data import ReplicaPool
+        from pagedctl.engine import ReplicaPool
 
         self.source = resolve_model(settings["model"], settings.get("load_format", "auto"))
         self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None

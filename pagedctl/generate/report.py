@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pagedctl.console import stdout_console
-from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.engine import format_bytes
 from pagedctl.exits import EXIT_IOERR, EXIT_TEMPFAIL
 from pagedctl.generate.errors import JobExit
 

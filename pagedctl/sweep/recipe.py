@@ -282,7 +282,7 @@ def scale_recipe(recipe: SweepRecipe, factor: float) -> None:
     """
     if factor == 1.0:
         return
-    from pagedctl.engine.kv_sizing import parse_bytes
+    from pagedctl.engine import parse_bytes
 
     def scaled(value: Any, low: int = 1) -> Any:
         if isinstance(value, list | tuple):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedctl.engine.config import DEFAULTS
+from pagedctl.engine import ENGINE_DEFAULTS
 from pagedctl.recipe_file import RecipeError
 from pagedctl.sweep.measure import run_once
 from pagedctl.sweep.metrics import METRICS
@@ -108,7 +108,7 @@ class SweepError(Exception):
 
 def engine_defaults() -> dict[str, Any]:
     """The engine's own default for every setting a point may change."""
-    return {k: DEFAULTS[k] for k in ENGINE_KEYS}
+    return {k: ENGINE_DEFAULTS[k] for k in ENGINE_KEYS}
 
 
 def load_engine(recipe: SweepRecipe):

@@ -9,16 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pagedctl.engine.config import ALIASES as CONFIG_ALIASES
-from pagedctl.engine.config import NAMES, RUNTIME_NAMES, SETTINGS, ConfigError, coerce, short_name
+from pagedctl.engine import (
+    RUNTIME_SETTING_NAMES,
+    SETTING_ALIASES,
+    SETTING_NAMES,
+    SETTINGS,
+    ConfigError,
+    coerce_setting,
+    setting_short_name,
+)
 from pagedctl.generate.validate import FieldError, check_max_tokens
 from pagedctl.recipe_file import RecipeError
 
 # fmt: off
-ENGINE_KEYS = RUNTIME_NAMES  # what a point or an axis may set: every setting but the model's
-LOAD_KEYS = tuple(n for n in NAMES if SETTINGS[n].load)  # the recipe's own: one model per sweep
-ALIASES = CONFIG_ALIASES
-SHORT = {n: short_name(n) for n in NAMES if short_name(n) != n}  # names shown in labels and tables
+ENGINE_KEYS = RUNTIME_SETTING_NAMES  # what a point or an axis may set: all but the model's
+LOAD_KEYS = tuple(n for n in SETTING_NAMES if SETTINGS[n].load)  # the recipe's own: one model
+ALIASES = SETTING_ALIASES
+SHORT = {n: setting_short_name(n) for n in SETTING_NAMES if setting_short_name(n) != n}  # labels
 WORKLOAD_KINDS: dict[str, tuple[str, ...]] = {
     "random": ("num_requests", "prompt_len", "output_len", "token_ids", "seed", "temperature", "n"),
     "shared_prefix": ("num_requests", "prefix_len", "suffix_len", "output_len", "token_ids", "seed",
@@ -69,7 +76,7 @@ def check_value(where: str, key: str, value: Any) -> Any:
         return None
     if key in SETTINGS:
         try:
-            return coerce(key, value, where)
+            return coerce_setting(key, value, where)
         except ConfigError as e:
             raise RecipeError(str(e)) from None
     if key in ("prime", "ignore_eos"):
