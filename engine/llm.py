@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .beam_search import BeamSearchParams
-from .config import (
+from .core.beam_search import BeamSearchParams
+from .core.config import (
     NAMES,
     SETTINGS,
     CacheConfig,
@@ -21,23 +21,24 @@ from .config import (
     SchedulerConfig,
     default_step_limits,
 )
-from .containment import execute_contained
-from .device import check_deterministic, resolve_device, resolve_dtype
-from .kv_sizing import KVLayout, format_bytes, max_concurrency
-from .model_runner import ModelRunner
-from .model_source import resolve_model
+from .core.sampling_params import SamplingParams
+from .core.scheduler import Scheduler, SchedulerOutput
+from .core.sequence import Sequence, SequenceStatus
+from .core.swap import host_blocks
+from .core.units import format_bytes
+from .cpu_threads import apply_threads, watch_threads
 from .models import build_model
+from .models.source import resolve_model
+from .models.weights import iter_weights, load_tokenizer
 from .outputs import RequestOutput
-from .pool_sizing import kv_cache_blocks, model_max_len, resolve_max_model_len
-from .profiling import calibrate_preemption
 from .requests import PromptInput, RequestTracker
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence, SequenceStatus
-from .startup import StartupClock, use_compile_cache
-from .swap import host_blocks
-from .threads import apply_threads, watch_threads
-from .weights import iter_weights, load_tokenizer
+from .runner.containment import execute_contained
+from .runner.model_runner import ModelRunner
+from .runner.startup import StartupClock, use_compile_cache
+from .sizing.device import check_deterministic, resolve_device, resolve_dtype
+from .sizing.kv import KVLayout, max_concurrency
+from .sizing.pool import kv_cache_blocks, model_max_len, resolve_max_model_len
+from .sizing.profiling import calibrate_preemption
 
 logger = logging.getLogger("pagedctl.engine")
 

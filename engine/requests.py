@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from .beam_search import BeamGroup, BeamSearchParams
+from .core.beam_search import BeamGroup, BeamSearchParams
+from .core.sampling_params import SamplingParams
+from .core.scheduler import Scheduler, SchedulerOutput
+from .core.sequence import Sequence, SequenceStatus
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence, SequenceStatus
 
 PromptInput = str | list[int] | dict
 

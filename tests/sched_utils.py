@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pagedctl.engine import SamplingParams, Scheduler, Sequence
-from pagedctl.engine.config import CacheConfig, SchedulerConfig
-from pagedctl.engine.scheduler import SchedulerOutput
+from pagedctl.engine.core.config import CacheConfig, SchedulerConfig
+from pagedctl.engine.core.scheduler import SchedulerOutput
 
 EOS = 2
 

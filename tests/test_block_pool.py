@@ -2,8 +2,8 @@
 
 import pytest
 
-from pagedctl.engine.block_hash import hash_block_tokens, root_hash
-from pagedctl.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from pagedctl.engine.core.block_hash import hash_block_tokens, root_hash
+from pagedctl.engine.core.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def free_ids(pool: BlockPool) -> list[int]:

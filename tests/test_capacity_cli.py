@@ -65,7 +65,9 @@ def _tokenizer_model(folder: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     folder.mkdir()
-    (folder / "config.json").write_text((REPO / "engine/presets/tiny-llama.json").read_text())
+    (folder / "config.json").write_text(
+        (REPO / "engine/models/presets" / "tiny-llama.json").read_text()
+    )
     vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "hello", "paged", "world"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -14,7 +14,7 @@ from pagedctl.capacity.model import (
     params_from_config,
     resolve_footprint,
 )
-from pagedctl.engine.kv_sizing import layout_from_config_dict, sequences_in_pool
+from pagedctl.engine.sizing.kv import layout_from_config_dict, sequences_in_pool
 from tests.tiny_models import save_tiny_model
 
 # Published configs (config.json fields that matter), as bare files: Mistral-Nemo has an explicit

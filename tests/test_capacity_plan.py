@@ -16,7 +16,7 @@ from pagedctl.capacity.lengths import (
     parse_distribution,
 )
 from pagedctl.capacity.model import resolve_footprint
-from pagedctl.engine.kv_sizing import parse_bytes
+from pagedctl.engine.core.units import parse_bytes
 
 T4_DIST = "lognormal:mean=260,median=180"
 

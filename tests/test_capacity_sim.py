@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pagedctl.capacity import sim
 from pagedctl.capacity.lengths import Lengths, from_distribution
-from pagedctl.engine import block_pool
+from pagedctl.engine.core import block_pool
 
 T4_LENGTHS = from_distribution("lognormal:mean=260,median=180", 2048)
 

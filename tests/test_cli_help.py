@@ -13,7 +13,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from pagedctl.cli import app
-from pagedctl.engine.config import NAMES, show_default
+from pagedctl.engine.core.config import NAMES, show_default
 from pagedctl.options import flag_of
 
 ROOT = typer.main.get_command(app)

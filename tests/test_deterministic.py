@@ -128,7 +128,9 @@ def test_cuda_with_the_reference_ops_refuses_it_before_loading_anything(model, m
 
 def test_a_scaled_out_job_is_refused_where_its_replicas_would_run(model, monkeypatch):
     pytest.importorskip("ray")
-    from pagedctl.engine.ray_replica import describe  # the probe task a pool runs on a replica
+    from pagedctl.engine.scale_out.ray_replica import (
+        describe,  # the probe task a pool runs on a replica
+    )
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("PAGEDCTL_KERNELS", "reference")

@@ -122,7 +122,9 @@ def test_generate_reaches_each_exit_code_and_says_so_in_json(tmp_path, code):
     elif code == 1:
         model = tmp_path / "model"
         model.mkdir()
-        (model / "config.json").write_text((ROOT / "engine/presets/tiny-llama.json").read_text())
+        (model / "config.json").write_text(
+            (ROOT / "engine/models/presets" / "tiny-llama.json").read_text()
+        )
         (model / "model.safetensors").write_bytes(b"not a safetensors file")
         args += ["--model", str(model)]
     elif code == 64:

@@ -350,7 +350,7 @@ def test_an_unexpected_error_is_named_and_json_logs_stay_json(tmp_path):
     model = tmp_path / "damaged-model"
     model.mkdir()
     root = Path(__file__).resolve().parents[1]
-    shutil.copy(root / "engine/presets/tiny-llama.json", model / "config.json")
+    shutil.copy(root / "engine/models/presets/tiny-llama.json", model / "config.json")
     (model / "model.safetensors").write_bytes(b"these bytes are not a safetensors file")
     src = write_jsonl(tmp_path / "in.jsonl", rows(1))
     res = gen(src, "--model", model, "--log-format", "json", "--debug")

@@ -658,7 +658,7 @@ def test_chat_logprobs_stays_true_or_false(tmp_path: Path) -> None:
 
 
 def test_one_max_tokens_range() -> None:
-    from pagedctl.engine.sampling_params import MIN_MAX_TOKENS
+    from pagedctl.engine.core.sampling_params import MIN_MAX_TOKENS
     from pagedctl.generate.validate import FieldError, check_max_tokens
 
     assert MIN_MAX_TOKENS == 1

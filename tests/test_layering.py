@@ -10,7 +10,9 @@ forbids); imports under `if TYPE_CHECKING:` are left out (they never run):
   the CLI (`pagedctl` itself, for `__version__`, is the CLI too);
 - the CLI uses no private name (`_x`) of the engine or the kernels;
 - the CLI imports the engine's public surface only (`pagedctl.engine`, its `__init__`), never a
-  module behind it, and no kernel: a module moved inside the engine changes its export table only.
+  module behind it, and no kernel: a module moved inside the engine changes its export table only;
+- inside the engine, the wings import down only: core <- models <- runner <- sizing <- the
+  front (`llm`, `requests`, ... at the top of engine/) <- scale_out; the core imports no torch.
 
 `from pkg import name` is an import of `pkg.name` when that is a module, else of `pkg`; importing
 a package means its `__init__`, i.e. the package module. `check_layering` takes any tree, so the
@@ -20,6 +22,7 @@ last test shows it failing on a small broken one.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,9 @@ PACKAGE_DIRS = {
 }
 KERNELS, ENGINE, CLI = "kernels", "engine", "CLI"
 RANK = {CLI: 2, ENGINE: 1, KERNELS: 0}
+# The engine's wings, lowest first; a module at the top of engine/ is the front. The facade
+# (engine/__init__.py) loads names from every wing on demand and is no wing.
+WINGS = ("core", "models", "runner", "sizing", "front", "scale_out")
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,29 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def wing_of(module: str, engine: str = "pagedctl.engine") -> str | None:
+    """The wing of an engine module (None: the facade, or not the engine)."""
+    if module == engine or not module.startswith(engine + "."):
+        return None
+    head = module[len(engine) + 1 :].split(".")[0]
+    return head if head in WINGS else "front"
+
+
+def wing_violations(root: Path, package_dirs: dict[str, str] = PACKAGE_DIRS) -> list[Import]:
+    """Imports from one engine wing up to a higher one (see WINGS)."""
+    modules = collect_modules(root, package_dirs)
+    found = []
+    for module, path in modules.items():
+        src = wing_of(module)
+        if src is None:
+            continue
+        for edge in imports_of(module, path, modules, "pagedctl")[0]:
+            dst = wing_of(edge.target)
+            if dst is not None and WINGS.index(dst) > WINGS.index(src):
+                found.append(edge)
+    return found
+
+
 def check_layering(
     root: Path, package_dirs: dict[str, str] = PACKAGE_DIRS, layers: Layers = Layers()
 ) -> Report:
@@ -342,6 +371,53 @@ def test_the_cli_imports_the_engines_surface_only(report: Report) -> None:
         "the CLI imports past `pagedctl.engine` (export the name from engine/__init__.py):\n"
         + describe(report.behind, ROOT)
     )
+
+
+def test_the_engines_wings_import_down_only() -> None:
+    up = wing_violations(ROOT)
+    assert not up, f"imports up the wings ({' <- '.join(WINGS)}):\n" + describe(up, ROOT)
+
+
+def test_the_core_is_torch_free() -> None:
+    """Every core module imports with torch made unimportable, and none of them loads it."""
+    core = sorted(m for m in collect_modules(ROOT, PACKAGE_DIRS) if wing_of(m) == "core")
+    assert len(core) >= 10, core
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ImportError('the core imported torch: ' + name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        f"for m in {core!r}:\n"
+        "    __import__(m)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_wing_checker_catches_an_arrow_up(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "cli/__init__.py": "",
+            "eng/__init__.py": "from .runner import step\n",  # the facade: no wing
+            "eng/core/__init__.py": "",
+            "eng/core/sched.py": "def f():\n    from ..runner.step import run\n",
+            "eng/runner/__init__.py": "",
+            "eng/runner/step.py": "from ..core.sched import f\n",
+            "eng/llm.py": "from .scale_out import pool\n",
+            "eng/scale_out/__init__.py": "",
+            "eng/scale_out/pool.py": "from ..llm import x\n",
+        },
+    )
+    dirs = {"pagedctl": "cli", "pagedctl.engine": "eng"}
+    up = {(e.importer, e.target) for e in wing_violations(tmp_path, dirs)}
+    assert up == {
+        ("pagedctl.engine.core.sched", "pagedctl.engine.runner.step"),
+        ("pagedctl.engine.llm", "pagedctl.engine.scale_out.pool"),
+    }
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

@@ -256,7 +256,7 @@ def test_few_sequence_graphs_ask_for_split_attention(llama_folder, monkeypatch):
     for `FEW_SPLITS` programs per query block (a long history shared out over the SMs); the
     other graphs leave the split count to the kernel."""
     from pagedctl.engine.models import attention
-    from pagedctl.engine.step_graphs import FEW_SPLITS
+    from pagedctl.engine.runner.step_graphs import FEW_SPLITS
 
     seen: list[int | None] = []
     real = attention.paged_attention

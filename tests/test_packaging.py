@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = {
     "triton": (None, "the CUDA builds of torch bring it; imported on the first CUDA kernel call"),
     "matplotlib": ("plot", "`pagedctl capacity --plot` and `pagedctl sweep --plot` only"),
-    "ray": ("ray", "`generate --replicas` and `pagedctl.engine.ray_data` only"),
+    "ray": ("ray", "`generate --replicas` and `pagedctl.engine.scale_out.ray_data` only"),
     "vllm": (None, "the bench peer, under an interpreter of its own (`bench/vllm_child.py`)"),
     "kernels": (
         None,

@@ -199,7 +199,7 @@ def test_peak_usage_is_tracked():
 def test_a_new_chain_starts_from_a_recent_sequence_with_the_same_first_block():
     """Hash chains are taken over from the last sequence hashed with the same first block, as far
     as the tokens agree, then extended: always the hashes the tokens give from scratch."""
-    from pagedctl.engine.block_hash import extend_block_hashes
+    from pagedctl.engine.core.block_hash import extend_block_hashes
 
     kv = make_manager(num_blocks=64, block_size=4)
     doc = list(range(100, 140))  # a shared prefix of 10 blocks
@@ -225,7 +225,7 @@ def test_a_new_chain_starts_from_a_recent_sequence_with_the_same_first_block():
 
 
 def test_shared_block_prefix_counts_equal_leading_blocks():
-    from pagedctl.engine.block_hash import shared_block_prefix
+    from pagedctl.engine.core.block_hash import shared_block_prefix
 
     a = list(range(40))
     for cut in range(41):

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pagedctl.engine.sampler import Sampler, make_generator
-from pagedctl.engine.sampling_params import SamplingParams as SP
+from pagedctl.engine.core.sampling_params import SamplingParams as SP
+from pagedctl.engine.runner.sampler import Sampler, make_generator
 
 MIXED = [
     SP(temperature=0.8),
@@ -222,7 +222,7 @@ def test_logprobs_are_raw_log_softmax_at_the_sampled_ids() -> None:
 def test_blocked_inverse_cdf_equals_the_full_scan(vocab: int) -> None:
     """The two-level inverse CDF (CUDA's) picks the token of a full float64 scan, never a zero-
     probability one, whatever the block boundaries (tested here on the CPU with small blocks)."""
-    from pagedctl.engine.sampler import _inverse_cdf_blocked
+    from pagedctl.engine.runner.sampler import _inverse_cdf_blocked
 
     gen = torch.Generator().manual_seed(vocab)
     probs = torch.softmax(torch.randn(300, vocab, generator=gen) * 3, dim=-1)

@@ -31,8 +31,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 ray = pytest.importorskip("ray")
 
-from pagedctl.engine.ray_data import build_processor  # noqa: E402
-from pagedctl.engine.ray_replica import Ledger  # noqa: E402
+from pagedctl.engine.scale_out.ray_data import build_processor  # noqa: E402
+from pagedctl.engine.scale_out.ray_replica import Ledger  # noqa: E402
 
 MODEL = ["--model", "tiny-llama", "--temperature", "0", "--ignore-eos", "--max-num-seqs", "32"]
 N = 160
@@ -156,7 +156,7 @@ def _batches_running(timeout: float = 60.0) -> None:
     """Wait until the job's ledger has requests running on a replica, so that killing every
     replica kills a batch: on a loaded machine the replicas can sit between batches, waiting for
     the driver to feed them, for seconds."""
-    from pagedctl.engine.ray_data import LEDGER_NAME
+    from pagedctl.engine.scale_out.ray_data import LEDGER_NAME
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedctl.engine import BeamSearchParams, SamplingParams, Scheduler, Sequence, SequenceStatus
-from pagedctl.engine.beam_search import BeamGroup
-from pagedctl.engine.config import CacheConfig, SchedulerConfig
-from pagedctl.engine.swap import PREEMPTION_MODES, PreemptionCosts
+from pagedctl.engine.core.beam_search import BeamGroup
+from pagedctl.engine.core.config import CacheConfig, SchedulerConfig
+from pagedctl.engine.core.swap import PREEMPTION_MODES, PreemptionCosts
 from tests.sched_utils import EOS
 
 PREFIXES = [[], [11, 12, 13, 14, 15, 16, 17, 18], [11, 12, 13, 14, 30, 31]]

@@ -25,13 +25,13 @@ from pagedctl.engine import (
     Sequence,
     SequenceStatus,
 )
-from pagedctl.engine.beam_search import BeamGroup
-from pagedctl.engine.config import CacheConfig, SchedulerConfig
-from pagedctl.engine.host_kv import HostKVCache
-from pagedctl.engine.kv_cache_manager import KVCacheManager
+from pagedctl.engine.core.beam_search import BeamGroup
+from pagedctl.engine.core.config import CacheConfig, SchedulerConfig
+from pagedctl.engine.core.kv_cache_manager import KVCacheManager
+from pagedctl.engine.core.swap import HostBlockPool, PreemptionCosts, fitted, host_blocks
 from pagedctl.engine.llm import LLM
-from pagedctl.engine.staging import Staging
-from pagedctl.engine.swap import HostBlockPool, PreemptionCosts, fitted, host_blocks
+from pagedctl.engine.runner.host_kv import HostKVCache
+from pagedctl.engine.runner.staging import Staging
 from tests.sched_utils import EOS, make_seq
 from tests.tiny_models import save_tiny_model
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from pagedctl.engine import threads as th
-from pagedctl.engine.config import ConfigError, EngineConfig
+from pagedctl.engine import cpu_threads as th
+from pagedctl.engine.core.config import ConfigError, EngineConfig
 
 
 @pytest.mark.parametrize(

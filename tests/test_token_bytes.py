@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from pagedctl import bundled_model
-from pagedctl.engine.model_source import resolve_model
+from pagedctl.engine.models.source import resolve_model
+from pagedctl.engine.models.weights import load_tokenizer
 from pagedctl.engine.token_bytes import TokenBytes
-from pagedctl.engine.weights import load_tokenizer
 
 
 @pytest.fixture(scope="module")

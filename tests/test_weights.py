@@ -20,12 +20,11 @@ from transformers import (
     Qwen3Config,
 )
 
-from pagedctl.engine.kv_sizing import KVLayout
-from pagedctl.engine.model_config import ModelConfig
-from pagedctl.engine.model_source import resolve_model
 from pagedctl.engine.models import model_spec
+from pagedctl.engine.models.config import ModelConfig
 from pagedctl.engine.models.layers import RopeConfig
-from pagedctl.engine.weights import (
+from pagedctl.engine.models.source import resolve_model
+from pagedctl.engine.models.weights import (
     ModelNotFoundError,
     PickleCheckpointError,
     UnsupportedModelError,
@@ -34,6 +33,7 @@ from pagedctl.engine.weights import (
     iter_weights,
     load_tokenizer,
 )
+from pagedctl.engine.sizing.kv import KVLayout
 
 TINY = {
     "vocab_size": 96,
@@ -207,7 +207,7 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
     message = str(err.value)
     for needle in (
         str(tmp_path / "nowhere"),
-        "engine/presets",
+        "engine/models/presets",
         "models/presets",
         "qwen3-0.6b",
         "Hugging Face cache",

@@ -66,7 +66,7 @@ def _source_copy(dest: Path) -> Path:
 
 def _shared_home() -> str:
     """The PAGEDCTL_HOME the rest of the suite uses ($PAGEDCTL_HOME, else the user cache dir)."""
-    from pagedctl.engine.model_cache import cache_dir
+    from pagedctl.engine.models.cache import cache_dir
 
     return str(cache_dir())
 
@@ -114,7 +114,7 @@ def test_wheel_installs_beside_hf_kernels_and_runs(tmp_path: Path) -> None:
     for shipped in (
         "pagedctl/engine/llm.py",
         "pagedctl/engine/models/llama.py",
-        "pagedctl/engine/presets/smollm2-135m-instruct.json",
+        "pagedctl/engine/models/presets/smollm2-135m-instruct.json",
         "pagedctl/kernels/__init__.py",
         "pagedctl/kernels/triton_attention.py",
         "pagedctl/recipes/data/example.jsonl",

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .kv_sizing import cdiv
 from .sampling_params import SamplingParams
 from .sequence import Sequence
+from .units import cdiv
 
 EARLY_STOPPING = (True, False, "never")
 

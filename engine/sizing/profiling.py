@@ -9,12 +9,12 @@ import time
 import torch
 from torch import Tensor
 
-from ..kernels import empty_kv_cache
-from .config import DEFAULTS
-from .host_kv import HostKVCache
-from .kv_sizing import cdiv, format_bytes
-from .models.attention import AttentionMetadata
-from .swap import PreemptionCosts, fitted
+from ...kernels import empty_kv_cache
+from ..core.config import DEFAULTS
+from ..core.swap import PreemptionCosts, fitted
+from ..core.units import cdiv, format_bytes
+from ..models.attention import AttentionMetadata
+from ..runner.host_kv import HostKVCache
 
 logger = logging.getLogger("pagedctl.engine")
 

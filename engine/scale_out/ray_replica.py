@@ -23,11 +23,11 @@ import numpy as np
 import ray
 import ray.data
 
-from .config import EngineConfig
-from .device import check_deterministic, resolve_device, resolve_dtype
-from .model_source import resolve_model
-from .outputs import RequestOutput
-from .pool_sizing import model_max_len
+from ..core.config import EngineConfig
+from ..models.source import resolve_model
+from ..outputs import RequestOutput
+from ..sizing.device import check_deterministic, resolve_device, resolve_dtype
+from ..sizing.pool import model_max_len
 
 
 def describe(settings: dict[str, Any]) -> dict[str, Any]:
@@ -177,8 +177,8 @@ class EngineReplica:
     `snapshot` (the engine's `LLM.snapshot()`, pickled, on the first row), and `row`."""
 
     def __init__(self, settings: dict[str, Any], ledger=None, threads_per_replica: int = 0):
+        from ..llm import LLM
         from .engine_thread import EngineThread
-        from .llm import LLM
 
         if threads_per_replica and "num_threads" not in settings:
             settings = {**settings, "num_threads": threads_per_replica}

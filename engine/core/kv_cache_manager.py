@@ -23,9 +23,9 @@ from .block_hash import (
 )
 from .block_pool import BlockPool, KVCacheBlock
 from .config import CacheConfig
-from .kv_sizing import cdiv
 from .sequence import Sequence
 from .swap import HostBlockPool
+from .units import cdiv
 
 CopyOp = tuple[int, int]  # (source block id, destination block id)
 RECENT_CHAINS = 16  # sequences, by first block, whose hash chains new sequences may start from

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from .config import LOAD_FORMATS
-from .model_cache import cache_dir, convert_gguf_cached
+from ..core.config import LOAD_FORMATS
+from .cache import cache_dir, convert_gguf_cached
 from .weights import (
     ModelNotFoundError,
     ModelSource,

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .models.attention import AttentionMetadata, KVCache
+from ..models.attention import AttentionMetadata, KVCache
 from .startup import StartupClock
 
 logger = logging.getLogger("pagedctl.engine")

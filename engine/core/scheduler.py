@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from .beam_search import BeamGroup, BeamStats
 from .config import CacheConfig, SchedulerConfig
 from .kv_cache_manager import CopyOp, KVCacheManager
-from .kv_sizing import cdiv
 from .sequence import Sequence, SequenceStatus
 from .swap import PreemptionCosts
+from .units import cdiv
 
 
 @dataclass

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
+from ..core.scheduler import SchedulerOutput
+from ..core.sequence import Sequence
 from .model_runner import ModelRunner
-from .scheduler import SchedulerOutput
-from .sequence import Sequence
 
 logger = logging.getLogger("pagedctl.engine")
 

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from ..kernels import batch_invariant_serves
-from .config import ConfigError, EngineConfig
+from ...kernels import batch_invariant_serves
+from ..core.config import ConfigError, EngineConfig
 
 _DTYPES = {
     "float32": torch.float32,

@@ -80,7 +80,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     if "tokenizer.ggml.model" in meta:
         _write_tokenizer(gguf_path, meta, config, out_dir)
     conversion = {
-        "by": "pagedctl.engine.gguf.convert_gguf",
+        "by": "pagedctl.engine.models.gguf.convert_gguf",
         "dtype": "float16",
         "gguf_tensor_types": kinds,
         "unpermuted_qk": config.model_type == "llama",

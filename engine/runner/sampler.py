@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .. import kernels
-from .sampling_params import SamplingParams
+from ... import kernels
+from ..core.sampling_params import SamplingParams
 
 _CANDIDATES = 64  # largest probabilities looked at first; more (x16 each time) only where needed
 

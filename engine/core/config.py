@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .kv_sizing import parse_bytes
+from .units import parse_bytes
 
 BIG_CARD_BYTES = 70 * 2**30  # a card this large gets a serving engine's step limits
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -24,14 +24,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..kernels import empty_kv_cache, graph_capturable
+from ...kernels import empty_kv_cache, graph_capturable
+from ..core.scheduler import SchedulerOutput
+from ..core.sequence import Sequence
+from ..core.units import cdiv
+from ..models.attention import AttentionMetadata
 from .block_tables import BlockTables
 from .host_kv import HostKVCache
-from .kv_sizing import cdiv
-from .models.attention import AttentionMetadata
 from .sampler import Sampler, SamplerOutput, make_generator
-from .scheduler import SchedulerOutput
-from .sequence import Sequence
 from .staging import Staging
 from .startup import StartupClock
 from .step_graphs import MAX_GRAPH_BATCH, StepGraphs

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.swap import host_runs
 from .staging import Staging
-from .swap import host_runs
 
 
 class HostKVCache:

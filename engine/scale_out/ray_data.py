@@ -42,9 +42,10 @@ import ray
 import ray.data
 from ray.data._internal.datasource.range_datasource import RangeDatasource
 
-from .config import EngineConfig
-from .kv_sizing import cdiv
-from .outputs import RequestOutput
+from ..core.config import EngineConfig
+from ..core.sampling_params import SamplingParams
+from ..core.units import cdiv
+from ..outputs import RequestOutput
 from .ray_replica import (
     Feeder,
     LedgerActor,
@@ -53,7 +54,6 @@ from .ray_replica import (
     replica_resources,
     replica_stage,
 )
-from .sampling_params import SamplingParams
 
 MAX_CRASHES = 3  # deaths a request may be running at before it is given up
 LEDGER_NAME = "pagedctl-ledger"  # a pool's ledger actor is named this and a suffix of its own

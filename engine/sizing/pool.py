@@ -11,8 +11,9 @@ import logging
 
 import torch
 
+from ..core.units import format_bytes, parse_bytes
 from .device import default_cpu_kv_bytes
-from .kv_sizing import KVLayout, format_bytes, parse_bytes
+from .kv import KVLayout
 
 logger = logging.getLogger("pagedctl.engine")
 

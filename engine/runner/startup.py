@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..kernels import JitClock
-from .model_cache import cache_dir
+from ...kernels import JitClock
+from ..models.cache import cache_dir
 
 
 def process_age_s() -> float | None:

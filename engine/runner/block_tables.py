@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .sequence import Sequence
+from ..core.sequence import Sequence
 from .staging import Staging
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .kv_sizing import cdiv
+from ..core.units import cdiv
 
 _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 

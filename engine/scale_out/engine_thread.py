@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .llm import LLM, PromptInput
-from .outputs import RequestOutput
+from ..llm import LLM, PromptInput
+from ..outputs import RequestOutput
 
 Deliver = Callable[[RequestOutput], None]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .model_config import ModelConfig
+from .config import ModelConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
