@@ -166,36 +166,31 @@ class LLM:
         host = 0
         if c.preemption_mode != "recompute":
             host = host_blocks(int(c.swap_space * 2**30), block_bytes)
+        limits = SchedulerConfig(
+            max_num_batched_tokens=batched,
+            max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len,
+            debug=c.debug,
+            preemption_mode=c.preemption_mode,
+        )
+        cache = CacheConfig(
+            block_size=c.block_size,
+            num_blocks=blocks,
+            enable_prefix_caching=c.enable_prefix_caching,
+            hash_seed=self.seed,
+            num_host_blocks=host,
+        )
         with clock.phase("pool"):
-            self.scheduler = Scheduler(
-                SchedulerConfig(
-                    batched,
-                    max_num_seqs,
-                    self.max_model_len,
-                    debug=c.debug,
-                    preemption_mode=c.preemption_mode,
-                ),
-                CacheConfig(
-                    c.block_size,
-                    blocks,
-                    c.enable_prefix_caching,
-                    hash_seed=self.seed,
-                    num_host_blocks=host,
-                ),
-            )
+            self.scheduler = Scheduler(limits, cache)
         with clock.phase("capture"):
             self.runner = ModelRunner(
                 self.model,
-                blocks,
-                c.block_size,
-                self.device,
-                self.dtype,
-                self.seed,
-                max_model_len=self.max_model_len,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=batched,
+                cache=cache,
+                limits=limits,
+                device=self.device,
+                kv_dtype=self.dtype,
+                seed=self.seed,
                 cuda_graphs=c.cuda_graphs,
-                num_host_blocks=host,
                 clock=clock,
             )
         if c.preemption_mode == "auto" and host >= 2 and blocks >= 2:
@@ -366,7 +361,7 @@ class LLM:
         """One engine step; returns the requests that finished in it.
 
         With `num_scheduler_steps = k > 1`, a pure decode step whose graph exists runs `k` tokens
-        deep (see `Scheduler.reserve_decode_steps`); its results are applied one token at a
+        deep (see `engine/core/multistep.py`); its results are applied one token at a
         time, stop checks included, exactly as `k` single steps would.
 
         A request on which the engine fails (the forward pass, the sampler or its text raising)
@@ -380,7 +375,7 @@ class LLM:
         if (
             k > 1
             and self.runner.has_decode_graph(len(out.seqs))
-            and self.scheduler.reserve_decode_steps(out, k)
+            and self.scheduler.window.open(out, k)
         ):
             return self._decode_steps(out, k)
         return self._run_step(out)
@@ -419,14 +414,14 @@ class LLM:
                     failure = exc
                     break
                 if j:
-                    self.scheduler.count_decode_step(out)
+                    self.scheduler.window.count_step(out)
                 finished += self.scheduler.update(out, [[t] for t in drawn])
                 finished += self._stop_strings(out.seqs)
                 if all(s.is_finished for s in out.seqs):
                     break
         finally:
             steps.close()
-            self.scheduler.end_decode_steps(out.seqs)
+            self.scheduler.window.close(out.seqs)
         rest = [s for s in out.seqs if not s.is_finished]
         if failure is None or not rest:
             return self._collect(finished)
@@ -439,7 +434,7 @@ class LLM:
         )  # fmt: skip
         retry = SchedulerOutput(rest, [1] * len(rest), total_num_scheduled_tokens=len(rest))
         if j:
-            self.scheduler.count_decode_step(retry)
+            self.scheduler.window.count_step(retry)
         return self._run_step(retry, finished)
 
     # ------------------------------------------------------------------ containment

@@ -187,7 +187,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(set(map(id, out.seqs))) == len(out.seqs)
         sampled, logprobs = [], []
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
-            assert len(seq.block_table) * self.sched.block_size >= seq.num_computed_tokens + n
+            assert len(seq.block_table) * self.sched.kv.block_size >= seq.num_computed_tokens + n
             if seq.num_computed_tokens + n < seq.num_tokens:
                 sampled.append([])
                 logprobs.append([])

@@ -29,12 +29,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .sampling_params import SamplingParams
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 from .units import cdiv
+
+if TYPE_CHECKING:
+    from .kv_cache_manager import KVCacheManager
 
 EARLY_STOPPING = (True, False, "never")
 
@@ -145,8 +149,8 @@ def _f32(x: float) -> np.float32:
 class BeamGroup:
     """The live beams and finished hypotheses of one beam-search request.
 
-    The group decides which candidates survive; the scheduler owns the sequences' status and
-    blocks and carries out each step's decision (`Scheduler._advance_group`).
+    The group decides which candidates survive and forks its survivors' blocks (`advance`);
+    the scheduler owns the running list, finishes the beams the group lets go and counts.
     """
 
     def __init__(self, params: BeamSearchParams, root: Sequence, eos_token_ids: list[int]) -> None:
@@ -228,6 +232,44 @@ class BeamGroup:
             self.done = True
             return None
         return [(i, token) for _, i, token, _ in survivors]
+
+    def advance(
+        self,
+        rows: dict[int, tuple[list[int], list[float]]],
+        max_model_len: int,
+        kv: KVCacheManager,
+    ) -> tuple[list[Sequence], list[Sequence]]:
+        """Carry out one step: `step` on the candidates in `rows`, then fork each survivor onto
+        its parent's blocks in `kv` (a preempted group's leader first unfolds into its beams).
+
+        Returns the group's sequences to run next, best first (empty when the search is over,
+        `done`), and those it lets go, for the scheduler to finish pruned after the forks."""
+        heads = self.seqs
+        if self.leader is not None:  # the shared prefix is computed again: fork the beams
+            leader = heads[0]
+            beams = self.unfold()
+            for seq in beams:
+                kv.fork(leader, seq)
+                seq.num_computed_tokens = leader.num_computed_tokens
+                seq.status = SequenceStatus.RUNNING
+            return beams, [leader]
+        survivors = self.step(rows, max_model_len)
+        if survivors is None:
+            return [], heads
+        children, used = [], set()
+        for i, _ in survivors:  # forks first: a child copies its parent's tokens as they are
+            parent = heads[i]
+            if i in used:
+                child = parent.fork(sample_index=parent.sample_index)
+                kv.fork(parent, child)
+            else:
+                used.add(i)
+                child = parent
+            children.append(child)
+        for child, (_, token) in zip(children, survivors, strict=True):
+            child.token_ids.append(token)
+        self.commit(children)
+        return children, [seq for i, seq in enumerate(heads) if i not in used]
 
     def commit(self, seqs: list[Sequence]) -> None:
         """The sequences now holding this step's survivors, in the order `step` gave them."""

@@ -52,7 +52,7 @@ class KVCacheManager:
     """Hands KV blocks to sequences, shares them by reference count and finds cached prefixes."""
 
     def __init__(self, config: CacheConfig) -> None:
-        self.block_size = config.block_size
+        self.config = config  # the pool's shape: its one owner (the runner reads the same)
         self.enable_prefix_caching = config.enable_prefix_caching
         self.pool = BlockPool(config.num_blocks)
         self.stats = PrefixCacheStats()
@@ -62,6 +62,10 @@ class KVCacheManager:
         # Swapped-out sequences hold host blocks instead: a table is on one side, never both.
         self.host = HostBlockPool(config.num_host_blocks) if config.num_host_blocks else None
         self._host_tables: dict[int, list[int]] = {}  # seq_id -> host block ids
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
 
     @property
     def num_blocks(self) -> int:

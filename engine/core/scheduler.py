@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from .beam_search import BeamGroup, BeamStats
 from .config import CacheConfig, SchedulerConfig
 from .kv_cache_manager import CopyOp, KVCacheManager
+from .multistep import DecodeWindow
 from .sequence import Sequence, SequenceStatus
 from .swap import PreemptionCosts
 from .units import cdiv
@@ -89,7 +90,6 @@ class Scheduler:
     ) -> None:
         """`costs` decide `auto` preemption (without them `auto` swaps while the host has room)."""
         self.config = scheduler_config
-        self.block_size = cache_config.block_size
         self.kv = KVCacheManager(cache_config)
         self.costs = costs
         self.waiting: deque[Sequence] = deque()
@@ -99,7 +99,7 @@ class Scheduler:
         self.beam_stats = BeamStats()  # summed over the beam groups that ended
         self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
         self._num_pending_forks = 0  # children that running, not yet forked parents will add
-        self._lookahead = 0  # tokens reserved ahead inside a multi-step decode window
+        self.window = DecodeWindow(self.kv, scheduler_config.max_model_len, self.stats)
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`; one that can never run is finished at once, its reason in `seq.error`
@@ -138,12 +138,12 @@ class Scheduler:
                 f"({n} in the prompt, {max_tokens} in max_tokens); lower max_tokens to at most "
                 f"{limit - n}",
             )
-        pool_tokens = self.kv.num_blocks * self.block_size
-        if cdiv(n + 1, self.block_size) > self.kv.num_blocks:
+        pool_tokens = self.kv.num_blocks * self.kv.block_size
+        if cdiv(n + 1, self.kv.block_size) > self.kv.num_blocks:
             return (
                 "prompt_too_long",
                 f"prompt of {n} tokens plus one generated token needs "
-                f"{cdiv(n + 1, self.block_size)} KV blocks; the whole pool has "
+                f"{cdiv(n + 1, self.kv.block_size)} KV blocks; the whole pool has "
                 f"{self.kv.num_blocks} ({pool_tokens} tokens)",
             )
         return None
@@ -294,8 +294,8 @@ class Scheduler:
         while waiting and budget > 0:
             seq = waiting[0]
             group = seq.beam
-            resume_blocks = group.blocks_to_resume(self.block_size) if group else 0
-            if max(cdiv(seq.num_tokens, self.block_size), resume_blocks) > self.kv.num_blocks:
+            resume_blocks = group.blocks_to_resume(self.kv.block_size) if group else 0
+            if max(cdiv(seq.num_tokens, self.kv.block_size), resume_blocks) > self.kv.num_blocks:
                 waiting.popleft()
                 self._cap_unit([seq], running=False)  # outgrew the whole pool while preempted
                 continue
@@ -370,7 +370,7 @@ class Scheduler:
         if self.costs is None:
             return True
         blocks = len({b for seq in unit for b in seq.block_table})
-        tokens = min(sum(seq.num_computed_tokens for seq in unit), blocks * self.block_size)
+        tokens = min(sum(seq.num_computed_tokens for seq in unit), blocks * self.kv.block_size)
         return self.costs.prefers_swap(blocks, tokens)
 
     def _recompute(self, unit: list[Sequence], out: SchedulerOutput) -> None:
@@ -434,44 +434,17 @@ class Scheduler:
     # ------------------------------------------------------------------ beam groups
 
     def _advance_group(self, group: BeamGroup, candidates: dict, finished: list[Sequence]) -> None:
-        """Carry out one step of a beam group: fork its survivors onto their parents' blocks,
-        free the beams left without one, or end the group."""
+        """Put the group's sequences after its step (`BeamGroup.advance`) in its place in
+        `running`; the beams it let go finish pruned, their blocks freed tail first."""
         heads = group.seqs
         pos = next(i for i, s in enumerate(self.running) if s is heads[0])
         self._num_pending_forks -= sum(s.num_seats - 1 for s in heads)
-        if group.leader is not None:  # the shared prefix is computed again: fork the beams
-            leader = heads[0]
-            beams = group.unfold()
-            for seq in beams:
-                self.kv.fork(leader, seq)
-                seq.num_computed_tokens = leader.num_computed_tokens
-                seq.status = SequenceStatus.RUNNING
-            self.running[pos : pos + 1] = beams
-            self._release_beam(leader, finished)
-            return
-        survivors = group.step(candidates, self.config.max_model_len)
-        if survivors is None:
-            for seq in heads:
-                self._release_beam(seq, finished)
+        live, released = group.advance(candidates, self.config.max_model_len, self.kv)
+        self.running[pos : pos + len(heads)] = live
+        for seq in released:
+            self._release_beam(seq, finished)
+        if group.done:
             self._end_group(group)
-            return
-        children, used = [], set()
-        for i, _ in survivors:  # forks first: a child copies its parent's tokens as they are
-            parent = heads[i]
-            if i in used:
-                child = parent.fork(sample_index=parent.sample_index)
-                self.kv.fork(parent, child)
-            else:
-                used.add(i)
-                child = parent
-            children.append(child)
-        for child, (_, token) in zip(children, survivors, strict=True):
-            child.token_ids.append(token)
-        for i, seq in enumerate(heads):
-            if i not in used:
-                self._release_beam(seq, finished)  # blocks freed now, tail first
-        self.running[pos : pos + len(heads)] = children
-        group.commit(children)
 
     def _release_beam(self, seq: Sequence, finished: list[Sequence]) -> None:
         self.kv.free(seq)
@@ -556,7 +529,7 @@ class Scheduler:
         seq.status = status
         seq.stop_reason = reason
         if seq.block_table:
-            seq.tail_waste = len(seq.block_table) * self.block_size - seq.num_computed_tokens
+            seq.tail_waste = len(seq.block_table) * self.kv.block_size - seq.num_computed_tokens
         self.kv.free(seq)
         self.stats.num_finished += 1
 
@@ -567,70 +540,22 @@ class Scheduler:
 
     def _account_waste(self) -> None:
         waste = 0
-        bs = self.block_size
+        bs = self.kv.block_size
         for seq in self.running:
             waste += len(seq.block_table) * bs - seq.num_computed_tokens
         self.stats.waste_slot_steps += waste
         if waste > self.stats.peak_waste_slots:
             self.stats.peak_waste_slots = waste
 
-    # ------------------------------------------------------------------ multi-step decode
-
-    def reserve_decode_steps(self, out: SchedulerOutput, k: int) -> bool:
-        """Let a pure decode step run `k` tokens deep before the next `schedule()`.
-
-        Every row must be a decode that samples one token (no copy, no fork pending, no
-        log-probabilities) with `k - 1` more positions inside `max_model_len`; then each gets
-        the slots of its next `k - 1` tokens, all or none (False: run one step). Between the
-        `k` calls to `update` that follow, sequences hold blocks up to `k - 1` tokens ahead;
-        `end_decode_steps` closes the window.
-        """
-        if k <= 1 or out.copies or not out.seqs:
-            return False
-        bs, limit = self.block_size, self.config.max_model_len
-        needed = 0
-        for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
-            c = seq.num_computed_tokens
-            if (
-                n != 1
-                or c + 1 != seq.num_tokens
-                or seq.num_samples_to_draw != 1
-                or seq.beam is not None  # a group chooses its beams between tokens
-                or seq.sampling_params.logprobs
-                or seq.num_tokens + k - 1 > limit
-            ):
-                return False
-            needed += max(cdiv(c + k, bs) - len(seq.block_table), 0)
-        if needed > self.kv.num_free_blocks:
-            return False
-        for seq in out.seqs:
-            copies = self.kv.allocate_slots(seq, k)
-            assert copies == (), "a decode row without a pending copy needs none ahead"
-        self._lookahead = k - 1
-        return True
-
-    def count_decode_step(self, out: SchedulerOutput) -> None:
-        """Stats of the 2nd, 3rd, ... step of a multi-step window (the first was scheduled)."""
-        self.stats.num_decode_tokens += sum(1 for s in out.seqs if not s.is_finished)
-
-    def end_decode_steps(self, seqs: Iterable[Sequence] = ()) -> None:
-        """Close a multi-step window. A window cut short (the runner failed inside it) leaves
-        its sequences holding slots reserved for tokens that will not come from it: they give
-        back every block beyond the one their next token goes into."""
-        self._lookahead = 0
-        for seq in seqs:
-            if not seq.is_finished:
-                self.kv.trim(seq, seq.num_tokens)
-
     def check_invariants(self) -> None:
         """Assert docs/design.md's invariants: pool accounting, ref counts, a table per sequence."""
-        self.kv.check_integrity(self.running, self._lookahead)
+        self.kv.check_integrity(self.running, self.window.lookahead)
         assert all(not s.block_table for s in self.waiting), "a waiting sequence holds blocks"
         for unit in self.swapped:
             for seq in unit:
                 assert seq.status == SequenceStatus.SWAPPED and not seq.block_table, seq
                 assert len(self.kv.host_table(seq)) == cdiv(
-                    seq.num_computed_tokens, self.block_size
+                    seq.num_computed_tokens, self.kv.block_size
                 ), seq
         pending = sum(s.num_seats - 1 for s in self.running)
         assert pending == self._num_pending_forks, (pending, self._num_pending_forks)

@@ -34,6 +34,7 @@ class BlockTables:
 
     def __init__(
         self,
+        *,
         max_blocks: int,
         block_size: int,
         device: torch.device,

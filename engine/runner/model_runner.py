@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ...kernels import empty_kv_cache, graph_capturable
+from ..core.config import CacheConfig, SchedulerConfig
 from ..core.scheduler import SchedulerOutput
 from ..core.sequence import Sequence
 from ..core.units import cdiv
@@ -70,26 +71,24 @@ class ModelRunner:
     def __init__(
         self,
         model: torch.nn.Module,
-        num_blocks: int,
-        block_size: int,
+        *,
+        cache: CacheConfig,
+        limits: SchedulerConfig,
         device: torch.device,
         kv_dtype: torch.dtype,
         seed: int | None = 0,
-        *,
-        max_model_len: int = 4096,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
         cuda_graphs: bool | str = True,
-        num_host_blocks: int = 0,
         clock: StartupClock | None = None,
     ) -> None:
-        """`cuda_graphs="emulate"` runs the graph path without CUDA (static buffers, padded
-        buckets, eager replays) so that tests on the CPU cover it. `num_host_blocks`: the host
-        pool swapped-out blocks go to (allocated on first use; pinned on CUDA). `clock`
-        counts the step graphs' capture, done when each is first used."""
+        """`cache` is the pool's shape (the scheduler's KV cache manager holds the same one):
+        its blocks, their size and the host pool swapped-out blocks go to (allocated on first
+        use; pinned on CUDA). `limits` bound a step's rows and tokens, which the block tables
+        and the step graphs are sized for. `cuda_graphs="emulate"` runs the graph path without
+        CUDA (static buffers, padded buckets, eager replays) so that tests on the CPU cover it.
+        `clock` counts the step graphs' capture, done when each is first used."""
         self.model = model
-        self.block_size = block_size
         self.device = device
+        max_model_len, max_num_seqs = limits.max_model_len, limits.max_num_seqs
         self.max_model_len = max_model_len
         # One tensor for every layer's K and V, so that a copy-on-write moves a block in all
         # layers in one operation; each layer sees `[num_blocks, block_size, Hkv, D]` views
@@ -98,8 +97,8 @@ class ModelRunner:
         # has written, and the memory is committed as it is first written (a 4 GiB CPU pool
         # costs nothing up front).
         self._kv = empty_kv_cache(
-            model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim,
-            kv_dtype, device,
+            model.num_layers, cache.num_blocks, cache.block_size, model.num_kv_heads,
+            model.head_dim, kv_dtype, device,
         )  # fmt: skip
         self.kv_caches = [(layer[0], layer[1]) for layer in self._kv]
         self.sampler = Sampler(seed)
@@ -107,11 +106,15 @@ class ModelRunner:
         self.staging = Staging(device)
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
         # plus the blocks reserved ahead of a fork.
-        max_blocks = cdiv(max_model_len, block_size) + 2
+        max_blocks = cdiv(max_model_len, cache.block_size) + 2
         self.tables = BlockTables(
-            max_blocks, block_size, device, self.staging, max(16, max_num_seqs)
+            max_blocks=max_blocks,
+            block_size=cache.block_size,
+            device=device,
+            staging=self.staging,
+            num_rows=max(16, max_num_seqs),
         )
-        self.host_kv = HostKVCache(self._kv, num_host_blocks, self.staging)
+        self.host_kv = HostKVCache(self._kv, cache.num_host_blocks, self.staging)
         self.step_counts: Counter[str] = Counter()  # steps run as "decode" / "mixed" / "eager"
         self.graphs: StepGraphs | None = None
         if cuda_graphs is True and device.type == "cuda" and not graph_capturable("cuda"):
@@ -124,7 +127,7 @@ class ModelRunner:
                 max_model_len=max_model_len,
                 max_blocks=max_blocks,
                 max_batch=min(max_num_seqs, MAX_GRAPH_BATCH),
-                max_tokens=max_num_batched_tokens,
+                max_tokens=limits.max_num_batched_tokens,
                 max_seqs=max_num_seqs,
                 emulate=cuda_graphs == "emulate",
                 clock=clock,
@@ -217,7 +220,7 @@ class ModelRunner:
         """`k` decode steps of the same sequences back to back; yields each step's tokens.
 
         The sequences' slots for all `k` tokens are already allocated
-        (`Scheduler.reserve_decode_steps`). Each step after the first feeds the previous step's
+        (`DecodeWindow.open`). Each step after the first feeds the previous step's
         tokens to the graph on the device and moves positions, lengths and slots one on. All `k`
         steps are enqueued first; each step's tokens are then yielded as soon as they reach the
         host, so the caller's bookkeeping of step j overlaps the GPU's work on the steps after

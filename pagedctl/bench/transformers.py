@@ -148,7 +148,7 @@ def run(
         dtype=str(llm.dtype),
         device=str(llm.device),
         num_blocks=llm.scheduler.kv.num_blocks,
-        block_size=llm.scheduler.block_size,
+        block_size=llm.scheduler.kv.block_size,
         preemptions=llm.stats["scheduler"]["num_preemptions"],
     )
     result["transformers"].update(batch_size=hf_batch_size, padding="left", attention="sdpa")

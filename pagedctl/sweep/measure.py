@@ -23,7 +23,7 @@ class _StepProbe:
 
     def __init__(self, llm) -> None:
         self.sched = llm.scheduler
-        self.num_blocks, self.block_size = self.sched.kv.num_blocks, self.sched.block_size
+        self.num_blocks, self.block_size = self.sched.kv.num_blocks, self.sched.kv.block_size
         self.last_step = self.sched.stats.num_steps
         self.last_waste = self.sched.stats.waste_slot_steps
         self.samples = 0
