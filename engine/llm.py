@@ -129,10 +129,39 @@ class LLM:
         self._build_engine(config)
 
     def _build_engine(self, c: EngineConfig) -> None:
+        """Size the pool for settings `c`, then build the scheduler and the runner on it."""
         self._release_engine()
         self.model.set_batch_invariant(c.deterministic)
         apply_threads(c.num_threads, self.device.type)
         self._threads = watch_threads(c.num_threads, self.device.type)
+        limits, cache = self._size_pool(c)
+        clock = self._clock
+        with clock.phase("pool"):
+            self.scheduler = Scheduler(limits, cache)
+        with clock.phase("capture"):
+            self.runner = ModelRunner(
+                self.model,
+                cache=cache,
+                limits=limits,
+                device=self.device,
+                kv_dtype=self.dtype,
+                seed=self.seed,
+                cuda_graphs=c.cuda_graphs,
+                clock=clock,
+            )
+        if c.preemption_mode == "auto" and cache.num_host_blocks >= 2 and cache.num_blocks >= 2:
+            with clock.phase("calibrate"):
+                runner = self.runner
+                self.scheduler.costs = calibrate_preemption(
+                    self.model, runner.kv_caches, runner.host_kv, cache.block_size, self.device,
+                    limits.max_num_batched_tokens,
+                )  # fmt: skip
+        self.config = c
+        self._log_start(cache.num_blocks, cache.block_size)
+
+    def _size_pool(self, c: EngineConfig) -> tuple[SchedulerConfig, CacheConfig]:
+        """The step limits and the pool's shape for settings `c` on this device (profiled on
+        CUDA), and the sizing figures of `memory`."""
         weights = sum(p.nbytes for p in self.model.parameters()) + self._packed_bytes
         self._sizing: dict = {"weights_bytes": weights, "utilization": None}
         total = _device_total(self.device) if self.device.type == "cuda" else 0
@@ -142,8 +171,7 @@ class LLM:
         max_num_seqs = c.max_num_seqs or default_seqs
         batched = c.max_num_batched_tokens or default_tokens
         config_len = model_max_len(self.hf_config)
-        clock = self._clock
-        with clock.phase("profile"):
+        with self._clock.phase("profile"):
             blocks, figures = kv_cache_blocks(
                 self.model,
                 self.layout,
@@ -160,12 +188,16 @@ class LLM:
                 reserve_graphs=bool(c.cuda_graphs),
             )
         self._sizing.update(figures)
-        pool_tokens = blocks * c.block_size
-        self.max_model_len = resolve_max_model_len(c.max_model_len, config_len, pool_tokens)
+        self.max_model_len = resolve_max_model_len(
+            c.max_model_len, config_len, blocks * c.block_size
+        )
         block_bytes = self.layout.bytes_per_block(c.block_size)
         host = 0
         if c.preemption_mode != "recompute":
             host = host_blocks(int(c.swap_space * 2**30), block_bytes)
+        self._sizing["kv_cache_bytes"] = blocks * block_bytes
+        self._sizing.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)
+        self._sizing["swap_space_bytes"] = host * block_bytes
         limits = SchedulerConfig(
             max_num_batched_tokens=batched,
             max_num_seqs=max_num_seqs,
@@ -180,31 +212,7 @@ class LLM:
             hash_seed=self.seed,
             num_host_blocks=host,
         )
-        with clock.phase("pool"):
-            self.scheduler = Scheduler(limits, cache)
-        with clock.phase("capture"):
-            self.runner = ModelRunner(
-                self.model,
-                cache=cache,
-                limits=limits,
-                device=self.device,
-                kv_dtype=self.dtype,
-                seed=self.seed,
-                cuda_graphs=c.cuda_graphs,
-                clock=clock,
-            )
-        if c.preemption_mode == "auto" and host >= 2 and blocks >= 2:
-            with clock.phase("calibrate"):
-                runner = self.runner
-                self.scheduler.costs = calibrate_preemption(
-                    self.model, runner.kv_caches, runner.host_kv, c.block_size, self.device,
-                    batched,
-                )  # fmt: skip
-        self.config = c
-        self._sizing["kv_cache_bytes"] = blocks * block_bytes
-        self._sizing.update(num_blocks=blocks, block_size=c.block_size, num_host_blocks=host)
-        self._sizing["swap_space_bytes"] = host * block_bytes
-        self._log_start(blocks, c.block_size)
+        return limits, cache
 
     def capture_graphs(self) -> int:
         """Capture every CUDA step graph now; returns how many there are. Graphs are otherwise

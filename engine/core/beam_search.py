@@ -182,7 +182,7 @@ class BeamGroup:
         head = self.root or self.leader
         return [head] if head is not None else [b.seq for b in self.beams]
 
-    def seats_of(self, seq: Sequence) -> int:
+    def seqs_reserved_by(self, seq: Sequence) -> int:
         """Running sequences `seq` stands for: the root or leader all the group's beams."""
         if seq is self.root:
             return self.width

@@ -97,7 +97,7 @@ class Scheduler:
         self.swapped: deque[list[Sequence]] = deque()  # units on the host, oldest first
         self.stats = SchedulerStats()
         self.beam_stats = BeamStats()  # summed over the beam groups that ended
-        self._capped: list[Sequence] = []  # finished during schedule(), reported by update()
+        self._finished_in_schedule: list[Sequence] = []  # reported by the next update()
         self._num_pending_forks = 0  # children that running, not yet forked parents will add
         self.window = DecodeWindow(self.kv, scheduler_config.max_model_len, self.stats)
 
@@ -215,9 +215,9 @@ class Scheduler:
             n = min(unit[0].num_tokens - unit[0].num_computed_tokens, budget // m)
             if n <= 0:
                 break
-            seats = sum(seq.num_seats for seq in unit)
-            seated = len(self.running) + self._num_pending_forks + seats
-            if seated > self.config.max_num_seqs and self.running:
+            reserved = sum(seq.num_seqs_reserved for seq in unit)
+            seqs = len(self.running) + self._num_pending_forks + reserved
+            if seqs > self.config.max_num_seqs and self.running:
                 break
             need = self.kv.blocks_to_swap_in(unit, n)
             if need > self.kv.num_free_blocks:
@@ -235,7 +235,7 @@ class Scheduler:
             self.stats.num_swapped_in_blocks += len(ops)
             for seq in unit:
                 seq.status = SequenceStatus.RUNNING
-                self._num_pending_forks += seq.num_seats - 1
+                self._num_pending_forks += seq.num_seqs_reserved - 1
             self.running.extend(unit)
             copies = [self.kv.allocate_slots(seq, n) for seq in unit]
             assert all(c is not None for c in copies), "a swap-in was admitted without room"
@@ -299,7 +299,7 @@ class Scheduler:
                 waiting.popleft()
                 self._cap_unit([seq], running=False)  # outgrew the whole pool while preempted
                 continue
-            num_samples = seq.num_seats
+            num_samples = seq.num_seqs_reserved
             num_slots = len(self.running) + self._num_pending_forks + num_samples
             if num_slots > max_seqs and self.running:
                 break  # (a request with n > max_num_seqs still runs, alone)
@@ -343,7 +343,7 @@ class Scheduler:
         """Take a unit (out of `running`) off the device: to the host pool where the mode
         says so and the host has room, else freed, to be recomputed."""
         for seq in unit:
-            self._num_pending_forks -= seq.num_seats - 1
+            self._num_pending_forks -= seq.num_seqs_reserved - 1
         group = unit[0].beam  # a group counts its preemptions, a sequence its own
         if group is not None:
             group.num_preemptions += 1
@@ -401,7 +401,7 @@ class Scheduler:
         for a beam, its candidates best first, with their log-probabilities in `logprobs[i]`.
         Beams the group let go are among the sequences returned (status FINISHED_PRUNED).
         """
-        finished, self._capped = self._capped, []
+        finished, self._finished_in_schedule = self._finished_in_schedule, []
         reported: dict[int, tuple[BeamGroup, dict]] = {}
         rows = zip(out.seqs, out.num_new_tokens, sampled_token_ids, strict=True)
         for i, (seq, n, sampled) in enumerate(rows):
@@ -438,7 +438,7 @@ class Scheduler:
         `running`; the beams it let go finish pruned, their blocks freed tail first."""
         heads = group.seqs
         pos = next(i for i, s in enumerate(self.running) if s is heads[0])
-        self._num_pending_forks -= sum(s.num_seats - 1 for s in heads)
+        self._num_pending_forks -= sum(s.num_seqs_reserved - 1 for s in heads)
         live, released = group.advance(candidates, self.config.max_model_len, self.kv)
         self.running[pos : pos + len(heads)] = live
         for seq in released:
@@ -459,7 +459,7 @@ class Scheduler:
         """Finish a unit that needs more KV than the whole pool holds, just taken out of
         `running` or `waiting`; a beam group ends with its hypotheses and its live beams."""
         if running:
-            self._num_pending_forks -= sum(seq.num_seats - 1 for seq in unit)
+            self._num_pending_forks -= sum(seq.num_seqs_reserved - 1 for seq in unit)
         group = unit[0].beam
         if group is None:
             self._cap(unit[0])
@@ -468,7 +468,7 @@ class Scheduler:
         group.cap()
         for seq in {id(s): s for s in [*unit, *beams]}.values():
             if not seq.is_finished:
-                self._release_beam(seq, self._capped)
+                self._release_beam(seq, self._finished_in_schedule)
         self._end_group(group)
 
     def _fork(self, parent: Sequence, tokens: list[int], finished: list[Sequence]) -> None:
@@ -498,7 +498,7 @@ class Scheduler:
             if not seq.is_finished:
                 if seq in self.running:
                     self.running.remove(seq)
-                    self._num_pending_forks -= seq.num_seats - 1
+                    self._num_pending_forks -= seq.num_seqs_reserved - 1
                 elif seq in self.waiting:
                     self.waiting.remove(seq)
                 elif seq.status == SequenceStatus.SWAPPED:
@@ -536,7 +536,7 @@ class Scheduler:
     def _cap(self, seq: Sequence) -> None:
         """Finish a sequence that needs more KV than the whole pool holds (never retried)."""
         self._finish(seq, SequenceStatus.FINISHED_LENGTH, "kv_cache_full")
-        self._capped.append(seq)
+        self._finished_in_schedule.append(seq)
 
     def _account_waste(self) -> None:
         waste = 0
@@ -557,7 +557,7 @@ class Scheduler:
                 assert len(self.kv.host_table(seq)) == cdiv(
                     seq.num_computed_tokens, self.kv.block_size
                 ), seq
-        pending = sum(s.num_seats - 1 for s in self.running)
+        pending = sum(s.num_seqs_reserved - 1 for s in self.running)
         assert pending == self._num_pending_forks, (pending, self._num_pending_forks)
         assert len(self.running) + pending <= self.config.max_num_seqs or (
             len({s.request_id for s in self.running}) == 1

@@ -153,11 +153,11 @@ class Sequence:
         return 1
 
     @property
-    def num_seats(self) -> int:
+    def num_seqs_reserved(self) -> int:
         """Running sequences this one stands for (`max_num_seqs` counts them): itself and the
         samples or beams it will fork into once its prompt is computed."""
         if self.beam is not None:
-            return self.beam.seats_of(self)
+            return self.beam.seqs_reserved_by(self)
         return self.num_samples_to_draw
 
     def fork(self, sample_index: int) -> Sequence:

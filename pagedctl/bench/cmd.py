@@ -155,11 +155,11 @@ def bench_scheduler(
 
     No model runs; a fake runner returns random tokens. Target: under 2 µs per running sequence.
     """
-    from pagedctl.bench import scheduler as bench_scheduler
+    from pagedctl.bench import scheduler_cost
     from pagedctl.envinfo import environment
 
     results = [
-        bench_scheduler.run(
+        scheduler_cost.run(
             n, block_size=block_size, prompt_len=prompt_len, steps=steps, repeats=repeats
         )
         for n in _int_list(num_seqs)
