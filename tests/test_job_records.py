@@ -257,3 +257,15 @@ def test_progress_figures_are_gathered_only_when_they_would_show(capsys):
     log._last -= 3600
     assert log.due()
     assert capsys.readouterr().err.count('"event": "progress"') == 1
+
+
+def test_the_first_progress_line_shows_on_a_machine_just_booted(monkeypatch, capsys):
+    """The monotonic clock counts from boot: a fresh container is up for less than an interval,
+    and its first finished request still gets its line."""
+    from pagedctl.generate import progress
+
+    monkeypatch.setattr(progress.time, "monotonic", lambda: 5.0)
+    log = progress.Reporter(10, quiet=False, log_format="json", interval_s=3600)
+    assert log.due()
+    log.update(1, ok=1)
+    assert capsys.readouterr().err.count('"event": "progress"') == 1

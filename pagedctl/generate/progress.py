@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any, TextIO
@@ -27,7 +28,7 @@ class Reporter:
         self.json = log_format == "json"
         self.interval_s = interval_s
         self.err = Console(stderr=True)
-        self._last = 0.0
+        self._last = -math.inf  # the first update shows, however long the machine has been up
         self._bar: Progress | None = None
         self._rerouted: list[tuple[logging.StreamHandler, TextIO]] = []
         if not quiet and not self.json and self.err.is_terminal:
