@@ -34,6 +34,7 @@ from benchmarks.kernel_timing import (
     read_floor_ms,
 )
 from pagedctl.envinfo import environment
+from pagedctl.kernels import PagedBatch
 from pagedctl.kernels.configs import lookup, phase_of
 from pagedctl.kernels.triton_attention import _device_info, paged_attention
 from pagedctl.kernels.triton_splits import choose_num_splits
@@ -57,11 +58,15 @@ def decode_case(shape, batch, ctx, block, dtype, device, bandwidth, scan_splits=
     in_order = _table(batch, -(-ctx // block), True, device)
     shuffled = _table(batch, -(-ctx // block), False, device)
     pools = [_pool(batch, ctx, block, hkv, d, dtype, device, shuffled) for _ in range(layers)]
+    paged = {
+        True: PagedBatch(in_order, lens, cu, 1, ctx),
+        False: PagedBatch(shuffled, lens, cu, 1, ctx),
+    }
 
     def calls(identity: bool, splits: int | None = None, cfg=None):
         return [
-            lambda k=k, v=v, t=(in_order if identity else shuffled): paged_attention(
-                q, k, v, t, lens, cu, 1, ctx, scale, splits, cfg
+            lambda k=k, v=v, b=paged[identity]: paged_attention(
+                q, k, v, b, scale, num_splits=splits, config=cfg
             )
             for k, v, _ in pools
         ]
@@ -135,7 +140,8 @@ def prefill_case(shape, q_len, dtype, device, matmul_flops) -> dict:
     k, v, table = _pool(1, q_len, block, hkv, d, dtype, device)
     lens = torch.tensor([q_len], dtype=torch.int32, device=device)
     cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
-    ms = _ms(lambda: paged_attention(q, k, v, table, lens, cu, q_len, q_len, d**-0.5))
+    paged = PagedBatch(table, lens, cu, q_len, q_len)
+    ms = _ms(lambda: paged_attention(q, k, v, paged, d**-0.5))
     qs = q.transpose(0, 1)[None]
     ks = torch.randn(1, hkv, q_len, d, dtype=dtype, device=device)
     vs = torch.randn_like(ks)

@@ -8,6 +8,9 @@ forces the reference. Callers never import a backend module directly. The projec
 torch's own, except in bfloat16 on the CPU (`pack_linear_weight`, `packed_linear`: oneDNN with
 each weight packed once, `kernels.onednn`).
 
+`paged_attention` reads its batch (block tables, lengths, query offsets) as one `PagedBatch`,
+the type each implementation takes and the engine's per-step metadata holds.
+
 Batch-invariant ops (`batch_invariant=True` of `paged_attention` and `silu_and_mul`,
 `invariant_linear`): a row's result does not depend on the other rows of the call, for the
 engine's `deterministic` setting: `kernels.batch_invariant` on the CPU, the Triton attention with
@@ -50,6 +53,7 @@ import torch  # noqa: E402  (after the check above: a mistaken import stops befo
 from torch import Tensor  # noqa: E402
 
 from . import reference  # noqa: E402
+from .paged_batch import PagedBatch  # noqa: E402
 
 _NO_TRITON = (
     "the Triton kernels serve this call ({why}) and need the `triton` package, which is not "
@@ -196,17 +200,15 @@ def paged_attention(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    cu_seqlens_q: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    batch: PagedBatch,
     softmax_scale: float,
+    *,
     plan_cache: dict | None = None,
     num_splits: int | None = None,
     batch_invariant: bool = False,
 ) -> Tensor:
-    """Causal varlen attention over the paged cache; contract in `kernels.reference`.
+    """Causal varlen attention of `q`'s rows over the paged cache, as `batch` describes them;
+    contract in `kernels.reference`.
 
     `plan_cache`: a dict living for one forward pass that an op may memoise per-step work in
     (the reference's gather indices); the Triton kernels need none. `num_splits`: how many
@@ -215,22 +217,17 @@ def paged_attention(
     `batch_invariant`: each row's bits depend on its own sequence alone (`kernels.batch_invariant`;
     where `batch_invariant_serves`).
     """
-    args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    args = (q, k_cache, v_cache, batch, softmax_scale)
     if _use_triton(q):
         with _needs_triton():
             from .triton_attention import paged_attention as triton_paged_attention
 
-        return triton_paged_attention(
-            *args, max_seqlen_q, max_seqlen_k, softmax_scale, num_splits=num_splits,
-            batch_invariant=batch_invariant,
-        )  # fmt: skip
+        return triton_paged_attention(*args, num_splits=num_splits, batch_invariant=batch_invariant)
     if batch_invariant:
         from . import batch_invariant as invariant
 
-        return invariant.paged_attention(*args, softmax_scale, plan_cache=plan_cache)
-    return reference.paged_attention(
-        *args, max_seqlen_q, max_seqlen_k, softmax_scale, plan_cache=plan_cache
-    )
+        return invariant.paged_attention(*args, plan_cache=plan_cache)
+    return reference.paged_attention(*args, plan_cache=plan_cache)
 
 
 def rms_norm(
@@ -350,6 +347,7 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
 
 __all__ = [
     "JitClock",
+    "PagedBatch",
     "batch_invariant_serves",
     "empty_kv_cache",
     "graph_capturable",

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import onednn
+from .paged_batch import PagedBatch
 
 ROWS = onednn.PACK_ROWS  # rows per projection call: the row count weights are packed for
 Q_ROWS = 4  # query rows (positions x heads of one KV head) per attention tile
@@ -91,10 +92,9 @@ def paged_attention(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    cu_seqlens_q: Tensor,
+    batch: PagedBatch,
     softmax_scale: float,
+    *,
     plan_cache: dict | None = None,
 ) -> Tensor:
     """Causal varlen attention over the paged cache, each row computed in an order set by its own
@@ -106,7 +106,7 @@ def paged_attention(
     plan = None if plan_cache is None else plan_cache.get(key)
     if plan is None:
         plan = _Planner(tokens, num_heads, num_kv_heads, k_cache.shape[1]).plan(
-            block_tables, seq_lens, cu_seqlens_q
+            batch.block_tables, batch.seq_lens, batch.cu_seqlens_q
         )
         if plan_cache is not None:
             plan_cache[key] = plan

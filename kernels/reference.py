@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .paged_batch import PagedBatch
+
 Q_CHUNK = 256  # query rows per score matrix: bounds memory at num_heads * Q_CHUNK * seq_len floats
 
 
@@ -43,30 +45,21 @@ def paged_attention(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    cu_seqlens_q: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    batch: PagedBatch,
     softmax_scale: float,
+    *,
     plan_cache: dict | None = None,
 ) -> Tensor:
     """Causal attention of a flat varlen batch of queries over a paged KV cache.
 
-    Query j of the `q_len_i` new tokens of sequence i sits at position `seq_lens[i] - q_len_i + j`
-    and attends to keys `[0, position]`, read through `block_tables[i]`. Prefill, chunked prefill,
-    prefix-cache hits and decode are all this one call. Decode rows (`q_len == 1`) are batched
-    together; other sequences go one at a time, `Q_CHUNK` query rows at a time. Softmax and
-    accumulation are in float32.
+    Decode rows (`q_len == 1`) are batched together; other sequences go one at a time, `Q_CHUNK`
+    query rows at a time. Softmax and accumulation are in float32.
 
     Args:
         q: `[num_tokens, num_heads, head_dim]`; `num_heads % num_kv_heads == 0` (GQA).
         k_cache, v_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`.
-        block_tables: int32 `[num_seqs, max_blocks_per_seq]`; padding past a sequence is never read.
-        seq_lens: int32 or int64 `[num_seqs]`, KV length including this step's tokens; a
-            one-query row of length 0 (a decode graph's padding) attends to nothing: zeros.
-        cu_seqlens_q: int32 `[num_seqs + 1]`, query start offsets into `q`.
-        max_seqlen_q, max_seqlen_k: largest query / KV length in the batch (unused here).
+        batch: the sequences of `q`'s rows and their block tables (`PagedBatch`: what each row
+            attends to); its two maxima are unused here.
         softmax_scale: multiplier of `q @ k^T`, usually `head_dim ** -0.5`.
         plan_cache: a dict that lives for one step (one forward pass), shared by its layers: the
             gather indices and masks, the same for every layer, are computed once and kept there.
@@ -78,7 +71,7 @@ def paged_attention(
     key = ("paged_attention", k_cache.shape[1])
     plan = None if plan_cache is None else plan_cache.get(key)
     if plan is None:
-        plan = _plan(block_tables, seq_lens, cu_seqlens_q, k_cache.shape[1])
+        plan = _plan(batch.block_tables, batch.seq_lens, batch.cu_seqlens_q, k_cache.shape[1])
         if plan_cache is not None:
             plan_cache[key] = plan
     out = torch.empty_like(q)

@@ -24,6 +24,7 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .configs import AttentionConfig, lookup, lookup_invariant, pdl_capable, phase_of
+from .paged_batch import PagedBatch
 from .triton_splits import _merge_splits, _split_counters, choose_num_splits
 
 LOG2E = 1.4426950408889634
@@ -293,23 +294,20 @@ def paged_attention(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    cu_seqlens_q: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    batch: PagedBatch,
     softmax_scale: float,
+    *,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
     batch_invariant: bool = False,
 ) -> Tensor:
     """Causal attention of a flat varlen batch over a paged KV cache (see the reference op).
 
-    `max_seqlen_q` must bound every query length (it picks the decode path and the grid);
-    `max_seqlen_k` only sizes the split count. `num_splits` forces the split count: of a decode
-    batch (`max_seqlen_q <= 1`, else chosen by `choose_num_splits`) or of every query-block
-    program of a prefill batch (else one: a prefill batch usually has programs enough).
-    `config` overrides the shipped tile table.
+    `batch.max_seqlen_q` picks the decode path and the grid; `batch.max_seqlen_k` only sizes
+    the split count. `num_splits` forces the split count: of a decode batch
+    (`max_seqlen_q <= 1`, else chosen by `choose_num_splits`) or of every query-block program
+    of a prefill batch (else one: a prefill batch usually has programs enough). `config`
+    overrides the shipped tile table.
 
     `batch_invariant`: each row's bits depend on its own sequence alone. Decode and prefill run
     one config (`configs.lookup_invariant`) with one tile shape and per-tile row sums, and
@@ -320,6 +318,8 @@ def paged_attention(
     every row of a prefill block sees whole (`s * scale - m`) but not in the masked ones, so a
     key tile's bits would depend on where the row's query block starts.
     """
+    block_tables, seq_lens, cu_seqlens_q = batch.block_tables, batch.seq_lens, batch.cu_seqlens_q
+    max_seqlen_q, max_seqlen_k = batch.max_seqlen_q, batch.max_seqlen_k
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pagedctl.engine import LLM, ConfigError, SamplingParams
+from pagedctl.kernels import PagedBatch
 from tests.job_utils import answer_tokens, kill_midway, run, write_jsonl
 from tests.tiny_models import save_llama
 
@@ -207,33 +208,36 @@ def _paged_case(seed: int = 0):
     seq_lens = torch.tensor([100, 300 // 2, 17, 0], dtype=torch.int32)
     cu = torch.tensor([0, 60, 61, 62, 63], dtype=torch.int32)
     q = torch.randn(63, heads, dim, generator=gen).bfloat16()
-    return q, k_cache, v_cache, tables, seq_lens, cu
+    return q, k_cache, v_cache, PagedBatch(tables, seq_lens, cu, 60, 150)
 
 
 def test_the_attention_op_is_close_to_the_reference_and_tiles_alike_wide_or_not(monkeypatch):
     from pagedctl.kernels import batch_invariant, reference
 
-    q, k, v, tables, lens, cu = _paged_case()
+    q, k, v, batch = _paged_case()
     scale = q.shape[-1] ** -0.5
-    want = reference.paged_attention(q, k, v, tables, lens, cu, 60, 150, scale)
-    wide = batch_invariant.paged_attention(q, k, v, tables, lens, cu, scale)
+    want = reference.paged_attention(q, k, v, batch, scale)
+    wide = batch_invariant.paged_attention(q, k, v, batch, scale)
     torch.testing.assert_close(wide, want, atol=2e-2, rtol=2e-2)
     assert torch.equal(wide[62], torch.zeros_like(wide[62]))  # the padding row attends to nothing
     monkeypatch.setitem(batch_invariant._WIDE, q.shape[-1], False)
-    assert torch.equal(batch_invariant.paged_attention(q, k, v, tables, lens, cu, scale), wide)
+    assert torch.equal(batch_invariant.paged_attention(q, k, v, batch, scale), wide)
 
 
 def test_a_row_of_the_attention_op_has_the_same_bits_alone():
     from pagedctl.kernels import batch_invariant
 
-    q, k, v, tables, lens, cu = _paged_case()
+    q, k, v, batch = _paged_case()
+    tables, lens = batch.block_tables, batch.seq_lens
     scale = q.shape[-1] ** -0.5
-    both = batch_invariant.paged_attention(q, k, v, tables, lens, cu, scale)
+    both = batch_invariant.paged_attention(q, k, v, batch, scale)
     one = torch.tensor([0, 1], dtype=torch.int32)  # the 150-key decode row by itself
-    alone = batch_invariant.paged_attention(q[60:61], k, v, tables[1:2], lens[1:2], one, scale)
+    alone_batch = PagedBatch(tables[1:2], lens[1:2], one, 1, 150)
+    alone = batch_invariant.paged_attention(q[60:61], k, v, alone_batch, scale)
     assert torch.equal(alone, both[60:61])
     last = torch.tensor([0, 1], dtype=torch.int32)  # the chunk's last row as a decode row
-    as_decode = batch_invariant.paged_attention(q[59:60], k, v, tables[:1], lens[:1], last, scale)
+    last_batch = PagedBatch(tables[:1], lens[:1], last, 1, 100)
+    as_decode = batch_invariant.paged_attention(q[59:60], k, v, last_batch, scale)
     assert torch.equal(as_decode, both[59:60])
 
 

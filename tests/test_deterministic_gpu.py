@@ -56,6 +56,7 @@ def test_an_attention_row_has_the_same_bits_in_any_batch(dtype):
     """A 3,000-token sequence prefilled whole, in chunks of 512 and 777 beside other sequences'
     chunks, and decoded row by row alone and among 63 long decode rows (with split hints that
     the ordinary kernel would take)."""
+    from pagedctl.kernels import PagedBatch
     from pagedctl.kernels import triton_attention as ta
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -75,17 +76,18 @@ def test_an_attention_row_has_the_same_bits_in_any_batch(dtype):
         q_lens = [b - a for _, a, b in parts]
         cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
         lens = torch.tensor([b for _, _, b in parts], dtype=torch.int32)
+        table = tables[[s for s, _, _ in parts]]
+        batch = PagedBatch(table, lens.cuda(), cu.cuda(), max(q_lens), int(lens.max()))
         return ta.paged_attention(
-            qs, k_cache, v_cache, tables[[s for s, _, _ in parts]], lens.cuda(), cu.cuda(),
-            max(q_lens), int(lens.max()), HEAD_DIM**-0.5, num_splits=splits,
-            batch_invariant=True,
-        )  # fmt: skip
+            qs, k_cache, v_cache, batch, HEAD_DIM**-0.5, num_splits=splits, batch_invariant=True
+        )
 
     whole = run([(0, 0, 3000)])
-    ordinary = ta.paged_attention(
-        q[0], k_cache, v_cache, tables[:1], torch.tensor([3000], dtype=torch.int32).cuda(),
-        torch.tensor([0, 3000], dtype=torch.int32).cuda(), 3000, 3000, HEAD_DIM**-0.5,
+    prefill = PagedBatch(
+        tables[:1], torch.tensor([3000], dtype=torch.int32).cuda(),
+        torch.tensor([0, 3000], dtype=torch.int32).cuda(), 3000, 3000,
     )  # fmt: skip
+    ordinary = ta.paged_attention(q[0], k_cache, v_cache, prefill, HEAD_DIM**-0.5)
     torch.testing.assert_close(whole.float(), ordinary.float(), atol=2e-2, rtol=2e-2)
     for chunk in (512, 777):
         for start in range(0, 3000, chunk):

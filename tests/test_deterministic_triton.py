@@ -27,7 +27,7 @@ from tests.test_kernels_triton import (
 
 triton = pytest.importorskip("triton")
 
-from pagedctl.kernels import configs  # noqa: E402
+from pagedctl.kernels import PagedBatch, configs  # noqa: E402
 from pagedctl.kernels import triton_attention as ta  # noqa: E402
 from pagedctl.kernels import triton_matmul as tm  # noqa: E402
 
@@ -72,10 +72,10 @@ def _sequences(dtype: torch.dtype, heads: tuple[int, int]):
         cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
         lens = torch.tensor([b for _, _, b in parts], dtype=torch.int32)
         table = tables[[s for s, _, _ in parts]]
+        batch = PagedBatch(table, lens, cu, max(q_lens), int(lens.max()))
         return ta.paged_attention(
-            qs, k_cache, v_cache, table, lens, cu, max(q_lens), int(lens.max()), 0.125,
-            num_splits=splits, batch_invariant=True,
-        )  # fmt: skip
+            qs, k_cache, v_cache, batch, 0.125, num_splits=splits, batch_invariant=True
+        )
 
     return q, k_cache, v_cache, tables, run
 

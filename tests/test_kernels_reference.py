@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from pagedctl.kernels import paged_attention, write_kv
+from pagedctl.kernels import PagedBatch, paged_attention, write_kv
 
 GARBAGE_BLOCK = 10**9  # table padding: indexing the cache with it would raise
 
@@ -88,10 +88,9 @@ def run_case(
     q_lens = [q for q, _ in specs]
     q = (3 * torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)).to(dtype)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    out = paged_attention(
-        q, k_cache, v_cache, table, torch.tensor(seq_lens, dtype=torch.int32), cu,
-        max(q_lens), max(seq_lens), head_dim**-0.5,
-    )  # fmt: skip
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    batch = PagedBatch(table, lens, cu, max(q_lens), max(seq_lens))
+    out = paged_attention(q, k_cache, v_cache, batch, head_dim**-0.5)
     assert out.dtype == dtype and out.shape == q.shape
     return out, naive_attention(q, ks, vs, q_lens)
 

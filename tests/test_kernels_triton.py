@@ -21,7 +21,7 @@ from tests.test_kernels_reference import naive_attention
 
 triton = pytest.importorskip("triton")
 
-from pagedctl.kernels import configs, reference, triton_kv, triton_sample  # noqa: E402
+from pagedctl.kernels import PagedBatch, configs, reference, triton_kv, triton_sample  # noqa: E402
 from pagedctl.kernels import triton_attention as ta  # noqa: E402
 from pagedctl.kernels import triton_splits as splits_mod  # noqa: E402
 
@@ -60,12 +60,16 @@ class Batch:
     ks: list[Tensor]
     vs: list[Tensor]
 
+    @property
+    def paged(self) -> PagedBatch:
+        """The kernels' description of this batch."""
+        max_k = int(self.seq_lens.max())
+        return PagedBatch(self.table, self.seq_lens, self.cu_q, max(self.q_lens), max_k)
+
     def run(self, **kwargs: object) -> Tensor:
         """The Triton kernel's output for this batch."""
-        return ta.paged_attention(
-            self.q, self.k_cache, self.v_cache, self.table, self.seq_lens, self.cu_q,
-            max(self.q_lens), int(self.seq_lens.max()), self.q.shape[-1] ** -0.5, **kwargs,
-        )  # fmt: skip
+        scale = self.q.shape[-1] ** -0.5
+        return ta.paged_attention(self.q, self.k_cache, self.v_cache, self.paged, scale, **kwargs)
 
     def check(self, **kwargs: object) -> None:
         """Assert the kernel matches the naive attention and never lets NaN through."""
@@ -213,12 +217,12 @@ def test_interp_decode_graph_padding_rows_read_nothing(splits: int) -> None:
     )
     lens = torch.cat([b.seq_lens, torch.zeros(pad, dtype=torch.int32)]).to(torch.int64)
     cu = torch.arange(n + pad + 1, dtype=torch.int64)
-    args = (q, b.k_cache, b.v_cache, table, lens, cu)
-    out = ta.paged_attention(*args, 1, 300, q.shape[-1] ** -0.5, num_splits=splits)
+    args = (q, b.k_cache, b.v_cache, PagedBatch(table, lens, cu, 1, 300), q.shape[-1] ** -0.5)
+    out = ta.paged_attention(*args, num_splits=splits)
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))
     want = naive_attention(b.q, b.ks, b.vs, b.q_lens)
     torch.testing.assert_close(out[:n].double(), want, atol=2e-5, rtol=2e-5)
-    ref = reference.paged_attention(*args, 1, 300, q.shape[-1] ** -0.5)
+    ref = reference.paged_attention(*args)
     assert torch.equal(ref[n:], torch.zeros_like(ref[n:]))
 
 
@@ -336,9 +340,8 @@ def test_interp_fused_combine_merges_in_the_last_split(
     table = torch.cat([b.table, torch.full((pad, b.table.shape[1]), GARBAGE_BLOCK).int()])
     lens = torch.cat([b.seq_lens, torch.zeros(pad, dtype=torch.int32)])
     cu = torch.arange(n + pad + 1, dtype=torch.int32)
-    out = ta.paged_attention(
-        q, b.k_cache, b.v_cache, table, lens, cu, 1, 300, 0.125, num_splits=splits, config=cfg
-    )
+    batch = PagedBatch(table, lens, cu, 1, 300)
+    out = ta.paged_attention(q, b.k_cache, b.v_cache, batch, 0.125, num_splits=splits, config=cfg)
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))
 
 
@@ -359,8 +362,7 @@ def test_interp_dispatch_through_kernels_package(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
     b = make_batch(mixed(32), 32, (14, 2), seed=7)
-    max_k = int(b.seq_lens.max())
-    args = (b.q, b.k_cache, b.v_cache, b.table, b.seq_lens, b.cu_q, max(b.q_lens), max_k, 0.125)
+    args = (b.q, b.k_cache, b.v_cache, b.paged, 0.125)
     torch.testing.assert_close(kernels.paged_attention(*args), b.run(), atol=0, rtol=0)
     k_cache, v_cache = torch.zeros(4, 16, 2, 8), torch.zeros(4, 16, 2, 8)
     kernels.write_kv(
@@ -591,9 +593,9 @@ def test_dispatch_passes_the_split_hint(monkeypatch: pytest.MonkeyPatch) -> None
     seen: dict = {}
     monkeypatch.setattr(ta, "paged_attention", lambda *a, **k: seen.update(k) or "out")
     monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
-    assert kernels.paged_attention(*[None] * 6, 1, 1, 1.0, num_splits=16) == "out"
+    assert kernels.paged_attention(*[None] * 4, 1.0, num_splits=16) == "out"
     assert seen == {"num_splits": 16, "batch_invariant": False}
-    kernels.paged_attention(*[None] * 6, 1, 1, 1.0, batch_invariant=True)
+    kernels.paged_attention(*[None] * 4, 1.0, batch_invariant=True)
     assert seen == {"num_splits": None, "batch_invariant": True}
 
 

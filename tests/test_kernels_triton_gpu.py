@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from pagedctl import kernels
-from pagedctl.kernels import reference
+from pagedctl.kernels import PagedBatch, reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -74,8 +74,9 @@ def compare(batch: tuple[Tensor, ...], num_splits: int | None = None) -> None:
     """Triton output == reference output within the dtype's tolerance; no NaN anywhere."""
     from pagedctl.kernels.triton_attention import paged_attention
 
-    q, _, _, _, lens, cu = batch
-    args = (*batch, int((cu[1:] - cu[:-1]).max()), int(lens.max()), q.shape[-1] ** -0.5)
+    q, k_cache, v_cache, table, lens, cu = batch
+    paged = PagedBatch(table, lens, cu, int((cu[1:] - cu[:-1]).max()), int(lens.max()))
+    args = (q, k_cache, v_cache, paged, q.shape[-1] ** -0.5)
     out = paged_attention(*args, num_splits=num_splits)
     ref = reference.paged_attention(*args)
     assert torch.isfinite(out).all()
@@ -127,24 +128,25 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
     lengths = torch.randint(1, 8192, (batch,), generator=torch.Generator().manual_seed(batch))
     q, k, v, table, lens, cu = build([(1, int(n)) for n in lengths], 16, (14, 2), dtypes()[-1])
     cfg = replace(lookup(torch.cuda.get_device_capability(), "decode", 64), fused_combine=True)
-    args = (q, k, v, table, lens, cu, 1, 8192, 0.125, splits)
-    want = paged_attention(*args, replace(cfg, fused_combine=False))
+    unfused = replace(cfg, fused_combine=False)
+    args = (q, k, v, PagedBatch(table, lens, cu, 1, 8192), 0.125)
+    want = paged_attention(*args, num_splits=splits, config=unfused)
     for _ in range(3):
-        torch.testing.assert_close(paged_attention(*args, cfg), want, atol=2e-2, rtol=1e-2)
+        got = paged_attention(*args, num_splits=splits, config=cfg)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
     assert int(_COUNTERS[q.device].count_nonzero()) == 0
     static_lens = lens.clone()
+    static = (q, k, v, PagedBatch(table, static_lens, cu, 1, 8192), 0.125)
     graph = torch.cuda.CUDAGraph()
-    paged_attention(q, k, v, table, static_lens, cu, 1, 8192, 0.125, splits, cfg)
+    paged_attention(*static, num_splits=splits, config=cfg)
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        out = paged_attention(q, k, v, table, static_lens, cu, 1, 8192, 0.125, splits, cfg)
+        out = paged_attention(*static, num_splits=splits, config=cfg)
     for shrink in (0, 5, 300):
         static_lens.copy_((lens - shrink).clamp_min(1))
         graph.replay()
-        ref = paged_attention(
-            q, k, v, table, static_lens.clone(), cu, 1, 8192, 0.125, splits,
-            replace(cfg, fused_combine=False),
-        )  # fmt: skip
+        now = PagedBatch(table, static_lens.clone(), cu, 1, 8192)
+        ref = paged_attention(q, k, v, now, 0.125, num_splits=splits, config=unfused)
         torch.testing.assert_close(out, ref, atol=2e-2, rtol=1e-2)
 
 
@@ -192,10 +194,11 @@ def test_cuda_graph_capture_and_replay_with_changing_lengths() -> None:
     slots = torch.zeros(batch, dtype=torch.int64, device=dev)
     lens = torch.ones(batch, dtype=torch.int32, device=dev)
     cu = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    paged = PagedBatch(table, lens, cu, 1, max_ctx)
 
     def step() -> Tensor:
         kernels.write_kv(new_k, new_v, k_cache, v_cache, slots)
-        return kernels.paged_attention(q, k_cache, v_cache, table, lens, cu, 1, max_ctx, 0.125)
+        return kernels.paged_attention(q, k_cache, v_cache, paged, 0.125)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -217,7 +220,7 @@ def test_cuda_graph_capture_and_replay_with_changing_lengths() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(k_cache.view(-1, num_kv_heads, head_dim)[slots], new_k)
-        ref = reference.paged_attention(q, k_cache, v_cache, table, lens, cu, 1, max_ctx, 0.125)
+        ref = reference.paged_attention(q, k_cache, v_cache, paged, 0.125)
         atol, rtol = TOL[dtype]
         torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
 
@@ -283,12 +286,13 @@ def test_programmatic_dependent_launch_waits_for_write_kv(splits: int) -> None:
     last = lens.long() - 1
     slots = table.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size
     slots += last % block_size
+    paged = PagedBatch(table, lens, cu, 1, ctx)
 
     def stack() -> list[Tensor]:
         outs = []
         for (k, v), (nk, nv) in zip(caches, new, strict=True):
             write_kv(nk, nv, k, v, slots, release_dependents=True)  # attention may start now
-            outs.append(paged_attention(q, k, v, table, lens, cu, 1, ctx, 0.125, splits, cfg))
+            outs.append(paged_attention(q, k, v, paged, 0.125, num_splits=splits, config=cfg))
         return outs
 
     stack()
@@ -302,6 +306,6 @@ def test_programmatic_dependent_launch_waits_for_write_kv(splits: int) -> None:
         torch.cuda.synchronize()
         for (k, v), (nk, _), out in zip(caches, new, outs, strict=True):
             assert torch.equal(k.view(-1, num_kv_heads, head_dim)[slots], nk)
-            ref = reference.paged_attention(q, k, v, table, lens, cu, 1, ctx, 0.125)
+            ref = reference.paged_attention(q, k, v, paged, 0.125)
             atol, rtol = TOL[dtype]
             torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)

@@ -18,6 +18,7 @@ from pagedctl.engine.models import (
     build_model,
 )
 from pagedctl.engine.models.layers import RopeConfig, rope_config
+from pagedctl.kernels import PagedBatch
 
 TINY = dict(
     vocab_size=256,
@@ -122,11 +123,12 @@ class PagedRun:
         tables = [self.tables[s] + [10**9] * (width - len(self.tables[s])) for s in work]
         seq_lens = [self.done[s] + n for s, n in work.items()]
         dev, i32 = self.device, torch.int32
-        meta = AttentionMetadata(
-            torch.tensor(slots, device=dev), torch.tensor(tables, dtype=i32, device=dev),
+        batch = PagedBatch(
+            torch.tensor(tables, dtype=i32, device=dev),
             torch.tensor(seq_lens, dtype=i32, device=dev), torch.tensor(cu, dtype=i32, device=dev),
             max(work.values()), max(seq_lens),
         )  # fmt: skip
+        meta = AttentionMetadata(torch.tensor(slots, device=dev), batch)
         ids_t, pos_t = torch.tensor(ids, device=dev), torch.tensor(pos, device=dev)
         with torch.no_grad():
             hidden = self.model(ids_t, pos_t, self.caches, meta)

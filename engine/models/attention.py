@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ...kernels import paged_attention, rotary_write_kv
+from ...kernels import PagedBatch, paged_attention, rotary_write_kv
 from .layers import RotaryEmbedding
 
 KVCache = tuple[Tensor, Tensor]  # one layer's K and V, each [num_blocks, block_size, Hkv, D]
@@ -21,11 +21,8 @@ class AttentionMetadata:
     Attributes:
         slot_mapping: int64 `[num_tokens]`, cache slot of each new token
             (`block_id * block_size + offset`), < 0 for padding (skipped).
-        block_tables: int32 `[num_seqs, max_blocks]`, block ids of each sequence (rows padded).
-        seq_lens: int32 `[num_seqs]`, KV length of each sequence including this step's tokens.
-        cu_seqlens_q: int32 `[num_seqs + 1]`, start offset of each sequence's new tokens.
-        max_seqlen_q: most new tokens of any sequence in the step.
-        max_seqlen_k: longest `seq_lens` entry.
+        batch: the step's sequences, their block tables and lengths, as the attention op reads
+            them (`PagedBatch`).
         num_splits: programs per query block and KV head sharing its history (split-KV), for a
             graph whose few sequences may have long histories; None: the kernel's choice.
         plan_cache: scratch space the attention op may memoise per-step work in (the CPU
@@ -34,11 +31,7 @@ class AttentionMetadata:
     """
 
     slot_mapping: Tensor
-    block_tables: Tensor
-    seq_lens: Tensor
-    cu_seqlens_q: Tensor
-    max_seqlen_q: int
-    max_seqlen_k: int
+    batch: PagedBatch
     num_splits: int | None = None
     plan_cache: dict = field(default_factory=dict)  # per-step memo of the ops (see `kernels`)
 
@@ -82,11 +75,7 @@ class PagedAttention(nn.Module):
             q,
             k_cache,
             v_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.cu_seqlens_q,
-            meta.max_seqlen_q,
-            meta.max_seqlen_k,
+            meta.batch,
             self.scale,
             plan_cache=meta.plan_cache,
             num_splits=meta.num_splits,

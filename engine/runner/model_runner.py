@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...kernels import empty_kv_cache, graph_capturable
+from ...kernels import PagedBatch, empty_kv_cache, graph_capturable
 from ..core.config import CacheConfig, SchedulerConfig
 from ..core.scheduler import SchedulerOutput
 from ..core.sequence import Sequence
@@ -313,11 +313,13 @@ class ModelRunner:
         dev_slots, rest = packed[3 * t : 3 * t + n], packed[3 * t + n :]
         meta = AttentionMetadata(
             slot_mapping=dev_slot,
-            block_tables=self.tables.device_table.index_select(0, dev_slots),
-            seq_lens=rest[:n],
-            cu_seqlens_q=rest[n:],
-            max_seqlen_q=int(q_lens.max()),
-            max_seqlen_k=int(seq_lens.max()),
+            batch=PagedBatch(
+                block_tables=self.tables.device_table.index_select(0, dev_slots),
+                seq_lens=rest[:n],
+                cu_seqlens_q=rest[n:],
+                max_seqlen_q=int(q_lens.max()),
+                max_seqlen_k=int(seq_lens.max()),
+            ),
         )
         return Batch(dev_ids, dev_pos, meta, logit_rows, last_token_index, None, slots, starts)
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...kernels import PagedBatch
 from ..models.attention import AttentionMetadata, KVCache
 from .startup import StartupClock
 
@@ -247,11 +248,13 @@ class StepGraphs:
         tables = self._decode_tables[:b]
         meta = AttentionMetadata(
             slot_mapping=view[2],
-            block_tables=tables,
-            seq_lens=view[3],
-            cu_seqlens_q=self._decode_cu[: b + 1],
-            max_seqlen_q=1,
-            max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
+            batch=PagedBatch(
+                block_tables=tables,
+                seq_lens=view[3],
+                cu_seqlens_q=self._decode_cu[: b + 1],
+                max_seqlen_q=1,
+                max_seqlen_k=self.max_model_len,  # fixes the split count of the bucket
+            ),
         )
         return inputs, view[0], view[1], view[4], tables, meta
 
@@ -266,11 +269,13 @@ class StepGraphs:
         tok[2].fill_(-1)
         meta = AttentionMetadata(
             slot_mapping=tok[2],
-            block_tables=tables,
-            seq_lens=lens,
-            cu_seqlens_q=cu,
-            max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
-            max_seqlen_k=self.max_model_len,
+            batch=PagedBatch(
+                block_tables=tables,
+                seq_lens=lens,
+                cu_seqlens_q=cu,
+                max_seqlen_q=t,  # > 1: the prefill path, whose grid covers t tokens of `seqs` rows
+                max_seqlen_k=self.max_model_len,
+            ),
             num_splits=FEW_SPLITS if kind == "few" else None,
         )
         return inputs, tok[0], tok[1], rows, tables, meta

@@ -9,7 +9,7 @@ import time
 import torch
 from torch import Tensor
 
-from ...kernels import empty_kv_cache
+from ...kernels import PagedBatch, empty_kv_cache
 from ..core.config import DEFAULTS
 from ..core.swap import PreemptionCosts, fitted
 from ..core.units import cdiv, format_bytes
@@ -124,11 +124,13 @@ def prefill_forward(
     positions = torch.arange(num_tokens, device=device)
     meta = AttentionMetadata(
         slot_mapping=positions.clone(),
-        block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
-        seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=device),
-        cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
-        max_seqlen_q=num_tokens,
-        max_seqlen_k=num_tokens,
+        batch=PagedBatch(
+            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=device),
+            cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+            max_seqlen_q=num_tokens,
+            max_seqlen_k=num_tokens,
+        ),
     )
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     return model(ids, positions, caches, meta)
