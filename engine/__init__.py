@@ -25,9 +25,13 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     # running requests
     "LLM": "llm",
     "BeamSearchParams": "core.beam_search",
+    "ClusterUnavailable": "scale_out",
     "CompletionOutput": "outputs",
+    "Engine": "protocol",
     "MIN_MAX_TOKENS": "core.sampling_params",
     "ReplicaPool": "scale_out.ray_data",
+    "ReplicaShare": "protocol",
+    "Replicas": "protocol",
     "RequestOutput": "outputs",
     "SamplingParams": "core.sampling_params",
     "TokenBytes": "token_bytes",

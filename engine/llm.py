@@ -69,6 +69,8 @@ class LLM:
     so far).
     """
 
+    replicas = None  # one process: no replica table (see `engine.protocol.Engine`)
+
     def __init__(
         self, model: str | None = None, *, config: EngineConfig | None = None, **settings: Any
     ) -> None:
@@ -316,13 +318,16 @@ class LLM:
         prompts: Iterable[PromptInput],
         sampling_params: ParamsArg = None,
         should_stop: Callable[[], bool] | None = None,
+        *,
+        max_requests: int | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield each request's output as soon as it finishes (completion order).
 
         The input is consumed lazily: only about `max_num_seqs` requests wait in the queue at a
         time, so an iterator over a huge file is never held in memory at once. `should_stop` is
         asked before every step; once it answers True, everything in flight is aborted (its
-        blocks freed, nothing yielded for it) and the stream ends.
+        blocks freed, nothing yielded for it) and the stream ends. `max_requests` (the most
+        prompts the input holds) sizes a replica pool's segments; one engine needs no bound.
         """
         feed = iter(enumerate(prompts))
         params_of = _params_picker(sampling_params)
@@ -364,6 +369,10 @@ class LLM:
         for seq in seqs:
             self.runner.release(seq)
         return self.tracker.clear()
+
+    def close(self) -> None:
+        """Free the KV cache and the step graphs; nothing runs on this engine after."""
+        self._release_engine()
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that finished in it.
@@ -547,6 +556,10 @@ class LLM:
             "startup": self.startup,
             "device": str(self.device),
         }
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """`[snapshot()]`: one process is one engine (a pool gives one per replica)."""
+        return [self.snapshot()]
 
 
 def _params_picker(sampling_params: ParamsArg):

@@ -208,6 +208,20 @@ def test_bad_scale_out_flags_are_refused_before_anything_runs(tmp_path):
         assert not (tmp_path / "in.out.jsonl").exists()
 
 
+def test_a_replica_pool_is_an_engine_with_a_replica_table(cluster):
+    from pagedctl.engine import Engine, ReplicaPool, Replicas
+
+    pool = ReplicaPool({"model": "tiny-llama", "device": "cpu"}, 2, cluster)
+    try:
+        assert isinstance(pool, Engine) and isinstance(pool.replicas, Replicas)
+        assert (pool.model_name, pool.source.name, pool.tokenizer) == ("tiny-llama",) * 2 + (None,)
+        assert pool.startup is None  # its replicas load inside the run
+        assert (pool.replicas.size, pool.replicas.shares(), pool.snapshots()) == (2, [], [])
+        assert pool.replicas.deaths() == 0
+    finally:  # not `close`: that leaves the cluster, which this module's tests share
+        ray.kill(pool.replicas.ledger)
+
+
 def test_ledger_charges_a_death_to_what_ran_and_gives_up_after_three():
     """A batch that died runs alone; deaths while alone fall on the request that was running."""
     ledger = Ledger(max_crashes=3)

@@ -4,6 +4,8 @@
 already Ray Data's (the shape of `ray.data.llm.build_llm_processor`). `ReplicaPool` is what
 `pagedctl generate --replicas N` runs: the job's driver keeps its files, and the requests it reads
 flow through one dataset to N `EngineReplica` actors, their results streaming back as they finish.
+It is an `engine.protocol.Engine`, as one `LLM` is: the driver loads the tokenizer (for a job's
+logprob bytes) and touches no device; `replicas` tallies what each replica returned.
 
 How a request travels (ReplicaPool):
 
@@ -40,12 +42,17 @@ from typing import Any
 import numpy as np
 import ray
 import ray.data
+import ray.exceptions
 from ray.data._internal.datasource.range_datasource import RangeDatasource
 
 from ..core.config import EngineConfig
 from ..core.sampling_params import SamplingParams
 from ..core.units import cdiv
+from ..models.source import resolve_model
+from ..models.weights import load_tokenizer
 from ..outputs import RequestOutput
+from ..protocol import ReplicaShare
+from . import ClusterUnavailable
 from .ray_replica import (
     Feeder,
     LedgerActor,
@@ -75,7 +82,14 @@ class ReplicaPool:
         max_concurrent_batches: batches in one replica's engine at a time (default: enough to
             fill `max_num_seqs`). A batch is a segment of the input: at most `SEGMENT`
             requests, fewer for a short job, so that each replica gets several.
+
+    Raises:
+        ClusterUnavailable: Ray could not start or join the cluster, or run on it (the model
+            is found and its tokenizer loaded before Ray starts).
+        ValueError: the model is not found, or the cluster cannot hold the replicas.
     """
+
+    startup = None  # the replicas load inside the run: no start-up of the pool's own
 
     def __init__(
         self,
@@ -87,7 +101,20 @@ class ReplicaPool:
         max_crashes: int = MAX_CRASHES,
     ) -> None:
         self.settings = settings
-        self.replicas = replicas
+        self.source = resolve_model(settings["model"], settings.get("load_format", "auto"))
+        self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
+        self.max_num_seqs = settings.get("max_num_seqs") or 256
+        self.max_concurrent_batches = max_concurrent_batches
+        try:
+            self.facts, ledger = self._start(replicas, address, max_crashes)
+        except (ConnectionError, ray.exceptions.RayError, RuntimeError) as e:
+            raise ClusterUnavailable(str(e)) from e
+        self.replicas = ReplicaTally(replicas, ledger)
+        self._feeder = None
+
+    def _start(self, replicas: int, address: str | None, max_crashes: int) -> tuple[dict, Any]:
+        """Join the cluster (or start one) and check that it can hold the replicas; returns
+        what a replica will be (`describe`) and the pool's ledger, started."""
         _quiet_ray_data()
         if not ray.is_initialized():
             # Ray's own lines on this process's stderr would break a JSON log: its start-up
@@ -100,35 +127,40 @@ class ReplicaPool:
                     log_to_driver=False,
                     configure_logging=False,
                 )
-        self.max_num_seqs = settings.get("max_num_seqs") or 256
-        self.max_concurrent_batches = max_concurrent_batches
-        self.resources = replica_resources(replicas)
+        resources = replica_resources(replicas)
         total = ray.cluster_resources()
         gpus, cpus = int(total.get("GPU", 0)), int(total.get("CPU", 0))
-        if self.resources["num_gpus"] and gpus < replicas:
+        if resources["num_gpus"] and gpus < replicas:
             raise ValueError(f"{replicas} replicas need {replicas} GPUs; the cluster has {gpus}")
-        if not self.resources["num_gpus"] and cpus < replicas * self.resources["num_cpus"]:
+        if not resources["num_gpus"] and cpus < replicas * resources["num_cpus"]:
             raise ValueError(
                 f"{replicas} replicas need a CPU each and the cluster has {cpus}: use fewer"
             )
-        probe = ray.remote(describe).options(
-            num_gpus=self.resources["num_gpus"] or None, num_cpus=1
-        )
-        self.facts = ray.get(probe.remote(settings))
+        probe = ray.remote(describe).options(num_gpus=resources["num_gpus"] or None, num_cpus=1)
+        facts = ray.get(probe.remote(self.settings))
         # Named, so that `ray list actors` (and the tests) can find a pool's ledger.
         name = f"{LEDGER_NAME}-{uuid.uuid4().hex[:12]}"
-        self._ledger = LedgerActor.options(name=name).remote(max_crashes)
-        self.snapshots: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
-        self.done_by: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
-        self._feeder = None
+        return facts, LedgerActor.options(name=name).remote(max_crashes)
+
+    @property
+    def model_name(self) -> str:
+        return self.facts["model_name"]
+
+    @property
+    def dtype(self) -> str:
+        return self.facts["dtype"]
+
+    @property
+    def device(self) -> str:
+        return self.facts["device"]
 
     @property
     def max_model_len(self) -> int:
         return self.facts["max_model_len"]
 
-    def deaths(self) -> int:
-        """Replica deaths charged to requests so far."""
-        return ray.get(self._ledger.deaths.remote())
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Each replica's latest `LLM.snapshot()`, of those that returned a result."""
+        return self.replicas.snapshots()
 
     def stream(
         self,
@@ -144,9 +176,10 @@ class ReplicaPool:
         feeder = Feeder.remote()
         # A replica takes a block at a time, so a segment is one block and one batch: small
         # enough that every replica gets several, at most SEGMENT.
-        segment = min(SEGMENT, max(1, cdiv(max_requests, 4 * self.replicas)))
+        replicas = self.replicas.size
+        segment = min(SEGMENT, max(1, cdiv(max_requests, 4 * replicas)))
         batches = self.max_concurrent_batches or max(2, cdiv(self.max_num_seqs, segment))
-        window = max(2 * segment, self.replicas * batches * segment * 2)
+        window = max(2 * segment, replicas * batches * segment * 2)
         num_segments = cdiv(max(max_requests, 1), segment) + 1
         ds = ray.data.read_datasource(
             RangeDatasource(num_segments, column_name="id"),
@@ -161,7 +194,8 @@ class ReplicaPool:
             compute=ray.data.TaskPoolStrategy(size=2),
             num_cpus=0,
         )
-        ds = replica_stage(ds, self.settings, self.replicas, segment, batches, self._ledger)
+        ledger = self.replicas.ledger
+        ds = replica_stage(ds, self.settings, replicas, segment, batches, ledger)
         results: queue.Queue = queue.Queue(maxsize=64)
         self._feeder = feeder
         feed = iter(prompts)
@@ -212,11 +246,7 @@ class ReplicaPool:
                 seg = segment_of.pop(out.request_id, None)
                 if seg is None:
                     continue  # a batch run again after its replica died: already had
-                if snap is not None:
-                    self.snapshots[replica] = snap
-                mine = self.done_by.setdefault(replica, {"requests": 0, "output_tokens": 0})
-                mine["requests"] += 1
-                mine["output_tokens"] += sum(len(o.token_ids) for o in out.outputs)
+                self.replicas.record(out, replica, snap)
                 left[seg] -= 1
                 if not left[seg]:
                     del left[seg]
@@ -233,6 +263,41 @@ class ReplicaPool:
             with contextlib.suppress(Exception):
                 ray.get(self._feeder.finish.remote(0), timeout=10)
         ray.shutdown()
+
+
+class ReplicaTally:
+    """A pool's `Replicas` table: what each replica returned (its requests, their output
+    tokens, its latest `LLM.snapshot()`), and the deaths the pool's ledger charged."""
+
+    def __init__(self, size: int, ledger) -> None:
+        self.size = size
+        self.ledger = ledger
+        self._latest: dict[str, dict[str, Any]] = {}  # replica -> its latest LLM.snapshot()
+        self._done: dict[str, dict[str, int]] = {}  # replica -> requests, output tokens
+
+    def record(self, out: RequestOutput, replica: str, snap: dict[str, Any] | None) -> None:
+        """A result the driver takes from `replica` (with its snapshot, on a batch's first)."""
+        if snap is not None:
+            self._latest[replica] = snap
+        mine = self._done.setdefault(replica, {"requests": 0, "output_tokens": 0})
+        mine["requests"] += 1
+        mine["output_tokens"] += sum(len(o.token_ids) for o in out.outputs)
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return list(self._latest.values())
+
+    def shares(self) -> list[ReplicaShare]:
+        return [
+            ReplicaShare(name, done["requests"], done["output_tokens"], self._preemptions(name))
+            for name, done in self._done.items()
+        ]
+
+    def deaths(self) -> int:
+        return ray.get(self.ledger.deaths.remote())
+
+    def _preemptions(self, replica: str) -> int:
+        snap = self._latest.get(replica, {})
+        return snap.get("stats", {}).get("scheduler", {}).get("num_preemptions", 0)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedctl import __version__
-from pagedctl.engine import TokenBytes
+from pagedctl.engine import Engine, TokenBytes
 from pagedctl.exits import (
     EXIT_DATAERR,
     EXIT_FAILED,
@@ -32,6 +32,7 @@ from pagedctl.exits import (
     EXIT_USAGE,
 )
 from pagedctl.generate.deadline import Deadline
+from pagedctl.generate.engine import EngineSlot
 from pagedctl.generate.errors import (
     FULL_ERRNOS,
     PATH_ERRNOS,
@@ -68,7 +69,7 @@ from pagedctl.generate.runctl import (
     read_manifest,
 )
 from pagedctl.generate.store import CorruptResults, NotResults, OutputError, ResultStore
-from pagedctl.generate.summary import run_summary, snapshots
+from pagedctl.generate.summary import replica_progress, run_summary
 from pagedctl.generate.templates import RunNames, TemplateError, job_date, today
 from pagedctl.generate.validate import FieldError, engine_params
 
@@ -101,8 +102,9 @@ class JobResult:
 class GenerateJob:
     """One run of `pagedctl generate` over an input file.
 
-    `llm` is an engine already started (a spool folder runs its files on one, and closes it);
-    `deadline` the command's time limit; `stop` the signal state the runs of one command share.
+    `engine` is the slot of the engine the runs of one command share (a spool folder's, which
+    closes it); without one the job makes its own and closes the engine at its end. `deadline`
+    is the command's time limit; `stop` the signal state the runs of one command share.
     """
 
     def __init__(
@@ -113,7 +115,7 @@ class GenerateJob:
         quiet: bool,
         log_format: str,
         deadline: Deadline | None = None,
-        llm=None,
+        engine: EngineSlot | None = None,
         stop: StopSignals | None = None,
     ):
         if settings.input is None:
@@ -137,8 +139,8 @@ class GenerateJob:
         self._held: list[tuple[Any, int]] = []  # engine failures not yet written (see _hold)
         self.counts = JobCounts()
         self.stop = stop or StopSignals()
-        self.llm = llm
-        self.owns_engine = llm is None and stop is None  # a spool folder's job does not
+        self.owns_engine = engine is None  # whoever made the slot closes its engine
+        self.slot = engine or EngineSlot(settings)
         self.store: ResultStore | None = None
         self.token_bytes: TokenBytes | None = None  # logprob bytes, once the model is loaded
 
@@ -267,10 +269,10 @@ class GenerateJob:
             summary = self._summary(None, store, 0.0)
             summary["job"]["complete"] = True
             return JobResult(summary, exit_code_for(summary))
-        llm = self.start_engine()
+        engine = self.start_engine()
         try:
             manifest = manifest_path(self.out_path)
-            check_manifest(manifest, self._manifest(llm), self.force, date=self.date)
+            check_manifest(manifest, self._manifest(engine), self.force, date=self.date)
         except ManifestMismatch as e:
             raise JobExit(EXIT_USAGE, str(e)) from None
         self.stop.graceful = True  # a signal from here on stops admission, keeps every record
@@ -279,9 +281,9 @@ class GenerateJob:
         store.open()
         limits = ReaderLimits(
             max_line_bytes=self.s.max_line_bytes,
-            max_tokens_limit=llm.max_model_len,
+            max_tokens_limit=engine.max_model_len,
             default_max_tokens=int(self.s.sampling.get("max_tokens", 256)),
-            models=None if self.s.accept_any_model else self._model_names(llm),
+            models=None if self.s.accept_any_model else self._model_names(engine),
         )
         total = self.total_lines
         self.report = Reporter(total, quiet=self.quiet, log_format=self.log_format)
@@ -295,17 +297,16 @@ class GenerateJob:
         t0 = time.perf_counter()
         failed = True
         try:
-            scaled = {"max_requests": total} if self.s.replicas is not None else {}
-            stop = self._must_drop
-            for out in llm.stream(self._feed(store, limits), should_stop=stop, **scaled):
+            feed, stop = self._feed(store, limits), self._must_drop
+            for out in engine.stream(feed, should_stop=stop, max_requests=total):
                 self._record(store, out)
                 if self.report.due():
-                    self._progress(llm, t0)
-            self._progress(llm, t0)  # the bar's last figures (a log line only if one is due)
+                    self._progress(engine, t0)
+            self._progress(engine, t0)  # the bar's last figures (a log line only if one is due)
             self._write_held(store)  # fewer than ENGINE_BROKEN_AFTER: failures of their own
             failed = False
         except InputError as e:  # a compressed input damaged part way: what came before is kept
-            llm.abort_all()
+            engine.abort_all()
             msg = f"{e}; the results so far are kept: rerun to resume once it is whole"
             raise JobExit(EXIT_DATAERR, msg) from None
         finally:
@@ -315,38 +316,26 @@ class GenerateJob:
                     store.close()
             else:
                 store.close()
-        summary = self._summary(llm, store, time.perf_counter() - t0)
-        if self.s.replicas is not None and self.owns_engine:
-            llm.close()
+        summary = self._summary(engine, store, time.perf_counter() - t0)
+        if self.owns_engine:
+            self.slot.close()
         code, message = self._ending(summary)
         if summary["job"]["complete"]:
             mark_complete(manifest, summary["job"]["results"] + summary["job"]["errors"])
         return JobResult(summary, code, message)
 
-    def start_engine(self):
-        """Load the model and size the KV pool (once; `run` calls it if nobody did before);
-        with `replicas`, start them instead (`ScaledOut`)."""
-        if self.llm is not None:
-            return self.llm
-        from pagedctl.models.bundled import engine_settings
+    @property
+    def engine(self) -> Engine | None:
+        return self.slot.engine
 
-        try:
-            if self.s.replicas is not None:
-                from pagedctl.generate.replicas import ScaledOut
-
-                self.llm = ScaledOut(
-                    engine_settings(self.s.engine), self.s.replicas, self.s.ray_address
-                )
-                self.stop.take_back()  # Ray's start-up sets SIGTERM's handler its way
-            else:
-                from pagedctl.engine import LLM
-
-                self.llm = LLM(**engine_settings(self.s.engine))
-        except ValueError as e:  # ModelNotFoundError, UnsupportedModelError, ConfigError
-            raise JobExit(EXIT_USAGE, f"cannot start the engine: {e}") from None
-        if self.llm.tokenizer is not None:
-            self.token_bytes = TokenBytes(self.llm.tokenizer)
-        return self.llm
+    def start_engine(self) -> Engine:
+        """The slot's engine, started here if no run started it before: the model loaded and
+        the KV pool sized, or the replicas up (`run` calls this; a caller may, earlier)."""
+        if self.slot.engine is None:
+            engine = self.slot.start(self.stop)
+            if engine.tokenizer is not None:
+                self.token_bytes = TokenBytes(engine.tokenizer)
+        return self.slot.engine
 
     def _known_settings(self) -> dict[str, Any]:
         """The manifest's settings that are known before the engine starts."""
@@ -359,7 +348,7 @@ class GenerateJob:
             "pagedctl": __version__,
         }
 
-    def _manifest(self, llm) -> dict[str, Any]:
+    def _manifest(self, engine: Engine) -> dict[str, Any]:
         """What a resume must share with the run that started the output (capacity excepted)."""
         capacity = {
             k: str(v)
@@ -370,11 +359,11 @@ class GenerateJob:
         known = self._known_settings()
         return {
             **{k: known.pop(k) for k in ("deterministic", "input_sha256") if k in known},
-            "model": llm.model_name,
-            "dtype": str(llm.dtype).removeprefix("torch."),
-            "max_model_len": llm.max_model_len,
+            "model": engine.model_name,
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "max_model_len": engine.max_model_len,
             **known,
-            "capacity": {**capacity, "device": str(llm.device)},
+            "capacity": {**capacity, "device": str(engine.device)},
         }
 
     # ------------------------------------------------------------------ the stream
@@ -417,7 +406,7 @@ class GenerateJob:
         if out.ok:
             try:
                 record = ok_record(
-                    out.request_id, endpoint, self.llm.model_name, out, self.token_bytes
+                    out.request_id, endpoint, self.engine.model_name, out, self.token_bytes
                 )
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")
@@ -443,7 +432,7 @@ class GenerateJob:
         rest of the input into error records."""
         self._held.append((out, line_no))
         if len(self._held) >= ENGINE_BROKEN_AFTER:
-            self.llm.abort_all()
+            self.engine.abort_all()
             raise JobExit(
                 EXIT_FAILED,
                 f"the engine failed on {len(self._held)} requests in a row, none in between "
@@ -457,27 +446,24 @@ class GenerateJob:
             self.counts.failed += 1
         self._held.clear()
 
-    def _model_names(self, llm) -> frozenset[str]:
+    def _model_names(self, engine: Engine) -> frozenset[str]:
         """The names a line's `model` may give: the served name; without one given, also the
         model as named on the command line and its folder's name (as vLLM serves a model)."""
-        names = {llm.model_name}
+        names = {engine.model_name}
         given = self.s.engine.get("model")
         if self.s.engine.get("served_model_name") is None and given is not None:
-            names |= {str(given), Path(str(given)).name, llm.source.name}
+            names |= {str(given), Path(str(given)).name, engine.source.name}
         return frozenset(names)
 
-    def _progress(self, llm, t0: float) -> None:
+    def _progress(self, engine: Engine, t0: float) -> None:
         c = self.counts
         elapsed = max(time.perf_counter() - t0, 1e-9)
-        snaps = snapshots(llm)
+        snaps = engine.snapshots()
         # Swapped-out sequences are neither running nor waiting: counted apart where a mode
         # can swap (under recompute the line stays as it was).
         swapped = {"swapped": sum(s["swapped"] for s in snaps)}
         if self.s.engine.get("preemption_mode", "recompute") == "recompute":
             swapped = {}
-        scaled = {}
-        if self.s.replicas is not None:  # which replica did what
-            scaled = {"replicas": {r: d["requests"] for r, d in llm.done_by.items()}}
         self.report.update(
             c.ok + c.failed + c.skipped,
             ok=c.ok,
@@ -489,7 +475,7 @@ class GenerateJob:
             **swapped,
             kv_usage=round(sum(s["kv_usage"] for s in snaps) / max(len(snaps), 1), 3),
             preemptions=sum(s["stats"]["scheduler"]["num_preemptions"] for s in snaps),
-            **scaled,
+            **replica_progress(engine.replicas),
         )
 
     # ------------------------------------------------------------------ signals
@@ -523,16 +509,18 @@ class GenerateJob:
 
     # ------------------------------------------------------------------ the end
 
-    def _summary(self, llm, store: ResultStore | None, wall: float) -> dict[str, Any]:
-        """This run's figures, and the job's over every run so far (`job`); `llm` None for a
-        run stopped before its engine started."""
+    def _summary(
+        self, engine: Engine | None, store: ResultStore | None, wall: float
+    ) -> dict[str, Any]:
+        """This run's figures, and the job's over every run so far (`job`); `engine` None for
+        a run stopped before its engine started."""
         c = self.counts
         ok_before = store.num_ok_before if store else 0
         errors_before = store.num_errors_before if store else 0
         ok_total = ok_before + (store.num_ok if store else 0)
         errors_total = errors_before + (store.num_errors if store else 0)
         stopped = self.interrupted_by() is not None or bool(c.pending)
-        figures = run_summary(llm, c, wall, self.s.replicas) if llm is not None else {}
+        figures = run_summary(engine, c, wall) if engine is not None else {}
         return {
             "requests": c.ok + c.failed + c.skipped,
             "ok": c.ok,
@@ -546,7 +534,7 @@ class GenerateJob:
                 "errors": errors_total,
                 "results_earlier": ok_before,
                 "errors_earlier": errors_before,
-                "complete": llm is not None and not stopped,
+                "complete": engine is not None and not stopped,
             },
             **figures,
             "output": str(self.out_path),

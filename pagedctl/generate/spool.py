@@ -24,6 +24,7 @@ from typing import Any
 
 from pagedctl.exits import EXIT_DATAERR, EXIT_OK, EXIT_PARTIAL, EXIT_TEMPFAIL, EXIT_USAGE
 from pagedctl.generate.deadline import Deadline
+from pagedctl.generate.engine import EngineSlot
 from pagedctl.generate.errors import JobExit, JobStopped, StopSignals, stop_code
 from pagedctl.generate.job import GenerateJob
 from pagedctl.generate.paths import base_name, identity
@@ -166,7 +167,8 @@ def _run_locked(s, templates, deadline, force, quiet, log_format, report) -> Spo
     ready, left = candidates(s.input_dir, s.min_age_s)
     outcome = SpoolOutcome()
     index = HashIndex(s.output_dir)
-    stop, llm, failures = StopSignals(), None, []
+    # One engine for every file, started by the first that needs it, closed after the last.
+    stop, engine, failures = StopSignals(), EngineSlot(s), []
     try:
         with stop.handled():
             for path in ready:
@@ -186,16 +188,13 @@ def _run_locked(s, templates, deadline, force, quiet, log_format, report) -> Spo
                     quiet=quiet,
                     log_format=log_format,
                     deadline=deadline,
-                    llm=llm,
+                    engine=engine,
                     stop=stop,
                 )
-                row = _run_file(job, report, outcome, failures)
-                llm = job.llm or llm
-                outcome.rows.append(row)
+                outcome.rows.append(_run_file(job, report, outcome, failures))
     finally:
         index.save()
-        if llm is not None and s.replicas is not None:
-            llm.close()
+        engine.close()
     outcome.rows += left
     if outcome.message is None and stop.signum is not None:  # between two inputs
         _stop_at(outcome, stop_code(stop.signum), f"stopped by {stop.name}: rerun to go on")

@@ -1,7 +1,8 @@
 """The summary of a `generate` run: the engines' figures gathered into the summary's sections.
 
-One engine's `LLM.snapshot()` or each replica's latest; counters summed across replicas; the
-`beam_search` and `swap` sections only where the run had any.
+One engine's `LLM.snapshot()` or each replica's latest (`Engine.snapshots`); counters summed
+across replicas; the `beam_search` and `swap` sections only where the run had any, the replica
+table where the engine has one, the start-up where it had one of its own.
 """
 
 from __future__ import annotations
@@ -9,12 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-
-def snapshots(llm) -> list[dict[str, Any]]:
-    """The engines' `LLM.snapshot()`s: the one engine's, or each replica's latest."""
-    if hasattr(llm, "snapshots"):
-        return llm.snapshots()
-    return [llm.snapshot()]
+from pagedctl.engine import Engine, Replicas
 
 
 def combined_stats(snaps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -57,21 +53,37 @@ def replicas_ready_s(snaps: list[dict[str, Any]], replicas: int, wall: float) ->
     return round(ready[replicas - 1] - (time.time() - wall), 3)
 
 
-def replica_summary(llm, wall: float) -> list[dict[str, Any]]:
-    """Per replica: the requests it returned, their output tokens and its rate over the run."""
-    return [
+def replica_summary(
+    replicas: Replicas | None, snaps: list[dict[str, Any]], wall: float
+) -> dict[str, Any]:
+    """Per replica, by name: the requests it returned, their output tokens, its rate over the
+    run and its preemptions; the deaths charged and when all had loaded. Nothing for an
+    engine that is one process."""
+    if replicas is None:
+        return {}
+    table = [
         {
-            "replica": name,
-            "requests": done["requests"],
-            "output_tokens": done["output_tokens"],
-            "output_tok_per_s": round(done["output_tokens"] / wall, 2) if wall else 0.0,
-            "preemptions": llm.pool.snapshots.get(name, {})
-            .get("stats", {})
-            .get("scheduler", {})
-            .get("num_preemptions", 0),
+            "replica": share.name,
+            "requests": share.requests,
+            "output_tokens": share.output_tokens,
+            "output_tok_per_s": round(share.output_tokens / wall, 2) if wall else 0.0,
+            "preemptions": share.preemptions,
         }
-        for name, done in sorted(llm.done_by.items())
+        for share in sorted(replicas.shares(), key=lambda share: share.name)
     ]
+    return {
+        "replicas": table,
+        "replica_deaths": replicas.deaths(),
+        "replicas_ready_s": replicas_ready_s(snaps, replicas.size, wall),
+    }
+
+
+def replica_progress(replicas: Replicas | None) -> dict[str, Any]:
+    """A progress line's `replicas` figure (the requests each returned): none for an engine
+    that is one process."""
+    if replicas is None:
+        return {}
+    return {"replicas": {share.name: share.requests for share in replicas.shares()}}
 
 
 def beam_summary(beams: dict[str, int]) -> dict[str, Any]:
@@ -113,20 +125,14 @@ def swap_summary(swap: dict[str, Any], memory: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def run_summary(llm, counts, wall: float, replicas: int | None) -> dict[str, Any]:
+def run_summary(engine: Engine, counts, wall: float) -> dict[str, Any]:
     """A run's figures for the summary: throughput over `wall` seconds of `counts` (the job's
-    JobCounts), the engines' scheduler, cache, beam and swap figures, and with `replicas` each
-    replica's share."""
-    c, snaps = counts, snapshots(llm)
+    JobCounts), the engines' scheduler, cache, beam and swap figures, each replica's share
+    (where the engine has replicas) or the engine's start-up (where it had its own)."""
+    c, snaps = counts, engine.snapshots()
     stats = combined_stats(snaps)
     memory = {"swap_space_bytes": sum(s["memory"].get("swap_space_bytes", 0) for s in snaps)}
-    scaled = {}
-    if replicas is not None:
-        scaled = {
-            "replicas": replica_summary(llm, wall),
-            "replica_deaths": llm.deaths(),
-            "replicas_ready_s": replicas_ready_s(snaps, replicas, wall),
-        }
+    startup = engine.startup
     return {
         "prompt_tokens": c.prompt_tokens,
         "output_tokens": c.output_tokens,
@@ -140,8 +146,8 @@ def run_summary(llm, counts, wall: float, replicas: int | None) -> dict[str, Any
         "peak_kv_usage": round(max((s["peak_kv_usage"] for s in snaps), default=0.0), 4),
         **beam_summary(stats["beam_search"]),
         **swap_summary(stats["swap"], memory),
-        **scaled,
-        **({} if replicas is not None else {"startup": snaps[0].get("startup")}),
+        **replica_summary(engine.replicas, snaps, wall),
+        **({"startup": startup} if startup is not None else {}),
     }
 
 
