@@ -353,6 +353,25 @@ def test_a_spool_input_that_fails_alone_does_not_stop_the_others(tmp_path):
     assert len(read_jsonl(good)) == 2
 
 
+def test_every_spool_input_gets_its_logprob_tokens_from_the_tokenizer(tmp_path):
+    """The engine starts with the first input; the second, run on the same engine, still
+    shows its tokens as text, not as `token_id:N` (the bundled model has a tokenizer)."""
+    spool, out = tmp_path / "in", tmp_path / "out"
+    spool.mkdir()
+    for name, age in (("a", 900), ("b", 800)):
+        rows = [{"custom_id": f"{name}-0", "prompt": "The sky is", "max_tokens": 3, "logprobs": 1}]
+        aged(write_jsonl(spool / f"{name}.jsonl", rows), age)
+    res = gen("--input-dir", spool, "--output-dir", out, "--temperature", "0", "--min-age", "0")
+    assert res.returncode == EXIT_OK, res.stderr
+    tokens = {}
+    for name in ("a", "b"):
+        (found,) = out.glob(f"{name}.*.out.jsonl")
+        (record,) = read_jsonl(found)
+        tokens[name] = record["response"]["body"]["choices"][0]["logprobs"]["tokens"]
+    assert tokens["a"] == tokens["b"] and len(tokens["a"]) == 3, tokens
+    assert not any(t.startswith("token_id:") for t in tokens["b"]), tokens
+
+
 # ---------------------------------------------------------------- templates and recipes
 
 

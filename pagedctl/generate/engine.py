@@ -10,7 +10,7 @@ after the last.
 
 from __future__ import annotations
 
-from pagedctl.engine import ClusterUnavailable, Engine
+from pagedctl.engine import ClusterUnavailable, Engine, TokenBytes
 from pagedctl.exits import EXIT_TEMPFAIL, EXIT_USAGE
 from pagedctl.generate.errors import JobExit, StopSignals
 from pagedctl.generate.recipe import JobSettings
@@ -56,11 +56,14 @@ class EngineSlot:
     def __init__(self, settings: JobSettings) -> None:
         self.settings = settings  # the engine's (a spool folder's files differ in paths only)
         self.engine: Engine | None = None
+        self.token_bytes: TokenBytes | None = None  # logprob bytes, for every run on the engine
 
     def start(self, stop: StopSignals) -> Engine:
         """The engine, started now if no run started it before."""
         if self.engine is None:
             self.engine = start_engine(self.settings, stop)
+            if self.engine.tokenizer is not None:
+                self.token_bytes = TokenBytes(self.engine.tokenizer)
         return self.engine
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedctl import __version__
-from pagedctl.engine import Engine, TokenBytes
+from pagedctl.engine import Engine
 from pagedctl.exits import (
     EXIT_DATAERR,
     EXIT_FAILED,
@@ -142,7 +142,6 @@ class GenerateJob:
         self.owns_engine = engine is None  # whoever made the slot closes its engine
         self.slot = engine or EngineSlot(settings)
         self.store: ResultStore | None = None
-        self.token_bytes: TokenBytes | None = None  # logprob bytes, once the model is loaded
 
     def prepare(self) -> None:
         """Everything checked before the model loads: the input (readable, not empty), the
@@ -331,11 +330,7 @@ class GenerateJob:
     def start_engine(self) -> Engine:
         """The slot's engine, started here if no run started it before: the model loaded and
         the KV pool sized, or the replicas up (`run` calls this; a caller may, earlier)."""
-        if self.slot.engine is None:
-            engine = self.slot.start(self.stop)
-            if engine.tokenizer is not None:
-                self.token_bytes = TokenBytes(engine.tokenizer)
-        return self.slot.engine
+        return self.slot.start(self.stop)
 
     def _known_settings(self) -> dict[str, Any]:
         """The manifest's settings that are known before the engine starts."""
@@ -406,7 +401,7 @@ class GenerateJob:
         if out.ok:
             try:
                 record = ok_record(
-                    out.request_id, endpoint, self.engine.model_name, out, self.token_bytes
+                    out.request_id, endpoint, self.engine.model_name, out, self.slot.token_bytes
                 )
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")
