@@ -17,7 +17,7 @@ class CapacityRun:
     """Checked inputs (from merged flags and recipe), then sections 1-5, then the files."""
 
     def __init__(self, s: dict, command: str) -> None:
-        self.s, self.command = s, command
+        self.settings, self.command = s, command  # the merged flags and recipe keys
         self.fp, self.dtype, self.dtype_bytes = inputs.resolve_model(s)
         self.inputs = inputs.plan_inputs(s, self.fp, self.dtype, self.dtype_bytes)
         self.lengths = inputs.lengths_of(s, self.fp, self.inputs.max_len)
@@ -37,7 +37,7 @@ class CapacityRun:
             "swap": self.inputs.swap_space_bytes is not None,
             "sim": lengths and simulate,
             "probe": probe,
-            "compare": bool(self.s.get("compare")),
+            "compare": bool(self.settings.get("compare")),
         }
         return [key for key, on in wanted.items() if on]
 
@@ -110,7 +110,7 @@ class CapacityRun:
         else:
             at = f"--max-len {inp.max_len:,} (give --lengths or --dist for the mean)"
         notes = [
-            f"--swap-space {self.s['swap_space']:g} GiB of host memory (pinned on CUDA) for "
+            f"--swap-space {self.settings['swap_space']:g} GiB of host memory (pinned on CUDA) for "
             "--preemption-mode swap or auto: it holds sequences preempted off the device, never "
             "running ones, so the running capacity above is unchanged",
             f"preempted seqs: host blocks / blocks per sequence, at {at}; one preempted part way "
@@ -128,7 +128,7 @@ class CapacityRun:
         )
 
     def _sim_section(self) -> None:
-        s, pool, inp = self.s, self.primary, self.inputs
+        s, pool, inp = self.settings, self.primary, self.inputs
         loads = inputs.floats(s["loads"], "--loads", 0.0, 100.0)
         n = int(s["requests"])
         stream = sim.make_stream(self.lengths, n, int(s["seed"]))
@@ -185,7 +185,7 @@ class CapacityRun:
         notes = []
         try:
             engine = probe.probe_engine(
-                str(self.s["model"]),
+                str(self.settings["model"]),
                 list(inp.gpu_mems),
                 inp.block_sizes[0],
                 self.dtype,
@@ -222,11 +222,11 @@ class CapacityRun:
 
     def _compare_section(self) -> None:
         self.figures = figures(self)
-        rows = compare_rows(self.figures, self.s["compare"])
-        notes = list(as_list(self.s.get("notes")))
+        rows = compare_rows(self.figures, self.settings["compare"])
+        notes = list(as_list(self.settings.get("notes")))
         title = "Reference figures beside ours"
-        if self.s.get("compare_source"):
-            title += f" ({self.s['compare_source']})"
+        if self.settings.get("compare_source"):
+            title += f" ({self.settings['compare_source']})"
         self.sections.append(report.Section("compare", title, report.COMPARE_COLUMNS, rows, notes))
 
     # ------------------------------------------------------------------ output
@@ -265,8 +265,8 @@ class CapacityRun:
         return lines
 
     def stem(self) -> str:
-        name = self.s.get("name") or "-".join(
-            x for x in (_model_stem(str(self.s["model"])), self.s.get("gpu")) if x
+        name = self.settings.get("name") or "-".join(
+            x for x in (_model_stem(str(self.settings["model"])), self.settings.get("gpu")) if x
         )
         return "capacity-" + re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-")
 

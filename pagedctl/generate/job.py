@@ -124,7 +124,7 @@ class GenerateJob:
                 "no input: give IN.jsonl, --input-dir DIR, or job.input or job.input_dir in the "
                 "recipe",
             )
-        self.s = settings
+        self.settings = settings
         self.force = force
         self.quiet, self.log_format = quiet, log_format
         self.deadline = deadline or Deadline(None)
@@ -152,7 +152,9 @@ class GenerateJob:
         self._check_input()
         self._resolve_paths()
         self._check_outputs()
-        self.store = ResultStore(self.out_path, self.err_path, fsync_every=self.s.fsync_every)
+        self.store = ResultStore(
+            self.out_path, self.err_path, fsync_every=self.settings.fsync_every
+        )
         try:
             self._check_results(self.store.check_ours)  # before even the lock is created
             precheck_manifest(manifest_path(self.out_path), self._known_settings(), self.force)
@@ -177,7 +179,7 @@ class GenerateJob:
 
     def _resolve_paths(self) -> None:
         """Render `{input_stem}`, `{input_sha}` and `{date}` in the paths the run writes."""
-        s = self.s
+        s = self.settings
         templates = {k: getattr(s, k) for k in ("output", "errors", "summary_json")}
         if s.output_dir is not None:  # relative names go in the output folder
             templates["output"] = templates["output"] or Path("{input_stem}.out.jsonl")
@@ -230,7 +232,7 @@ class GenerateJob:
         )
 
     def _check_input(self) -> None:
-        src = self.s.input
+        src = self.settings.input
         if not src.is_file():
             raise JobExit(EXIT_DATAERR, f"input {src} is not a file")
         try:
@@ -279,16 +281,16 @@ class GenerateJob:
             raise JobStopped(self.stop.signum)
         store.open()
         limits = ReaderLimits(
-            max_line_bytes=self.s.max_line_bytes,
+            max_line_bytes=self.settings.max_line_bytes,
             max_tokens_limit=engine.max_model_len,
-            default_max_tokens=int(self.s.sampling.get("max_tokens", 256)),
-            models=None if self.s.accept_any_model else self._model_names(engine),
+            default_max_tokens=int(self.settings.sampling.get("max_tokens", 256)),
+            models=None if self.settings.accept_any_model else self._model_names(engine),
         )
         total = self.total_lines
         self.report = Reporter(total, quiet=self.quiet, log_format=self.log_format)
         self.report.event(
             "start",
-            input=str(self.s.input),
+            input=str(self.settings.input),
             output=str(self.out_path),
             resumed=len(store.done),
             lines=total,
@@ -334,12 +336,14 @@ class GenerateJob:
 
     def _known_settings(self) -> dict[str, Any]:
         """The manifest's settings that are known before the engine starts."""
-        deterministic = {"deterministic": True} if self.s.engine.get("deterministic") else {}
+        deterministic = {"deterministic": True} if self.settings.engine.get("deterministic") else {}
         return {
             **deterministic,
             "input_sha256": self.input_sha256,
-            "seed": self.s.engine.get("seed", 0),
-            "sampling_defaults": {k: self.s.sampling[k] for k in sorted(self.s.sampling)},
+            "seed": self.settings.engine.get("seed", 0),
+            "sampling_defaults": {
+                k: self.settings.sampling[k] for k in sorted(self.settings.sampling)
+            },
             "pagedctl": __version__,
         }
 
@@ -347,7 +351,7 @@ class GenerateJob:
         """What a resume must share with the run that started the output (capacity excepted)."""
         capacity = {
             k: str(v)
-            for k, v in sorted(self.s.engine.items())
+            for k, v in sorted(self.settings.engine.items())
             if k not in ("dtype", "seed", "deterministic")
         }
         # Bits, not speed: a deterministic job resumed without it would lose what it promised.
@@ -365,8 +369,11 @@ class GenerateJob:
 
     def _feed(self, store: ResultStore, limits: ReaderLimits) -> Iterator[dict]:
         """Engine inputs from the file; bad lines go straight to the errors file."""
-        c, defaults = self.counts, {k: v for k, v in self.s.sampling.items() if k != "max_tokens"}
-        for item in read_requests(self.s.input, limits):
+        c, defaults = (
+            self.counts,
+            {k: v for k, v in self.settings.sampling.items() if k != "max_tokens"},
+        )
+        for item in read_requests(self.settings.input, limits):
             if self._stopping():
                 return
             if self.deadline.reached():
@@ -445,8 +452,8 @@ class GenerateJob:
         """The names a line's `model` may give: the served name; without one given, also the
         model as named on the command line and its folder's name (as vLLM serves a model)."""
         names = {engine.model_name}
-        given = self.s.engine.get("model")
-        if self.s.engine.get("served_model_name") is None and given is not None:
+        given = self.settings.engine.get("model")
+        if self.settings.engine.get("served_model_name") is None and given is not None:
             names |= {str(given), Path(str(given)).name, engine.source.name}
         return frozenset(names)
 
@@ -457,7 +464,7 @@ class GenerateJob:
         # Swapped-out sequences are neither running nor waiting: counted apart where a mode
         # can swap (under recompute the line stays as it was).
         swapped = {"swapped": sum(s["swapped"] for s in snaps)}
-        if self.s.engine.get("preemption_mode", "recompute") == "recompute":
+        if self.settings.engine.get("preemption_mode", "recompute") == "recompute":
             swapped = {}
         self.report.update(
             c.ok + c.failed + c.skipped,
@@ -559,7 +566,7 @@ class GenerateJob:
                 why = f"{len(self.counts.pending)} requests came back from no replica"
             return EXIT_TEMPFAIL, f"{why}; {kept}: rerun the same command to resume"
         if self.counts.valid_lines == 0:
-            return EXIT_DATAERR, f"no valid request in {self.s.input}; see {self.err_path}"
+            return EXIT_DATAERR, f"no valid request in {self.settings.input}; see {self.err_path}"
         return exit_code_for(summary), None
 
 

@@ -232,7 +232,7 @@ def _records(path: Path) -> int:
 
 def _run_file(job: GenerateJob, report, outcome: SpoolOutcome, failures: list) -> dict[str, Any]:
     """Run one input's job; a failure of that input alone is its row, the others run on."""
-    name = job.s.input.name
+    name = job.settings.input.name
     try:
         result = job.run()
     except JobStopped as e:
