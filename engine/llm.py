@@ -27,7 +27,7 @@ from .core.sequence import Sequence, SequenceStatus
 from .core.swap import host_blocks
 from .core.units import format_bytes
 from .cpu_threads import apply_threads, watch_threads
-from .models import build_model
+from .models.registry import build_model
 from .models.source import resolve_model
 from .models.weights import iter_weights, load_tokenizer
 from .outputs import RequestOutput

@@ -24,8 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from pagedctl.engine.models import cache as model_cache
 from pagedctl.engine.models.cache import convert_gguf_cached
 from pagedctl.engine.models.gguf import convert_gguf, unpermute_qk
+from pagedctl.engine.models.registry import UnsupportedModelError
 from pagedctl.engine.models.source import resolve_model
-from pagedctl.engine.models.weights import UnsupportedModelError, load_tokenizer
+from pagedctl.engine.models.weights import load_tokenizer
 from pagedctl.models.bundled import (
     DEFAULT_MODEL,
     GGUF_MEMBER,

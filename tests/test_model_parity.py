@@ -10,14 +10,10 @@ import transformers
 from torch import Tensor
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
-from pagedctl.engine.models import (
-    AttentionMetadata,
-    LlamaForCausalLM,
-    UnsupportedModelError,
-    WeightLoadError,
-    build_model,
-)
+from pagedctl.engine.models.attention import AttentionMetadata
 from pagedctl.engine.models.layers import RopeConfig, rope_config
+from pagedctl.engine.models.llama import LlamaForCausalLM, WeightLoadError
+from pagedctl.engine.models.registry import UnsupportedModelError, build_model
 from pagedctl.kernels import PagedBatch
 
 TINY = dict(

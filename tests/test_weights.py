@@ -20,16 +20,14 @@ from transformers import (
     Qwen3Config,
 )
 
-from pagedctl.engine.models import model_spec
 from pagedctl.engine.models.config import ModelConfig
-from pagedctl.engine.models.layers import RopeConfig
+from pagedctl.engine.models.layers import RopeConfig, model_spec
+from pagedctl.engine.models.registry import UnsupportedModelError, expected_weight_shapes
 from pagedctl.engine.models.source import resolve_model
 from pagedctl.engine.models.weights import (
     ModelNotFoundError,
     PickleCheckpointError,
-    UnsupportedModelError,
     cached_hf_models,
-    expected_weight_shapes,
     iter_weights,
     load_tokenizer,
 )

@@ -1,24 +1,4 @@
-"""Llama-family decoders (Llama, Qwen2, Qwen3) running on the paged KV cache."""
-
-from .attention import AttentionMetadata, PagedAttention
-from .layers import UnsupportedModelError
-from .llama import (
-    SUPPORTED_ARCHITECTURES,
-    LlamaForCausalLM,
-    ModelSpec,
-    WeightLoadError,
-    build_model,
-    model_spec,
-)
-
-__all__ = [
-    "SUPPORTED_ARCHITECTURES",
-    "AttentionMetadata",
-    "LlamaForCausalLM",
-    "ModelSpec",
-    "PagedAttention",
-    "UnsupportedModelError",
-    "WeightLoadError",
-    "build_model",
-    "model_spec",
-]
+"""Models: the family registry (`registry`, torch-free), configs read without transformers
+(`config`), where weights come from (`source`, `weights`, `gguf`, `cache`), and the decoder that
+runs the families on the paged KV cache (`llama`, its `layers` and `attention`).
+"""

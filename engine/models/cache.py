@@ -17,12 +17,8 @@ from typing import Any
 import torch
 
 from .gguf import MANIFEST, GGUFConversionError, convert_gguf, sha256_file
-from .weights import (
-    expected_weight_shapes,
-    iter_weights,
-    load_tokenizer,
-    source_from_folder,
-)
+from .registry import expected_weight_shapes
+from .weights import iter_weights, load_tokenizer, source_from_folder
 
 
 def cache_dir() -> Path:

@@ -1,5 +1,5 @@
 """A model's `config.json` read without transformers: the engine's own view of a Hugging Face
-config, with the defaults transformers gives Llama, Qwen2 and Qwen3 configs.
+config, with the defaults transformers gives its family's configs (`registry.FAMILIES`).
 
 Importing transformers costs seconds (it pulls in much of torch.distributed, and scikit-learn
 or sympy where they are installed); a job of token ids on a preset needs none of it. The
@@ -14,60 +14,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Each family's defaults for the fields the engine reads, as transformers' config classes set
-# them when config.json leaves them out. None means "derived" (see `__getattr__`).
-_COMMON: dict[str, Any] = {
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-    "rope_scaling": None,
-    "attention_bias": False,
-    "mlp_bias": False,
-    "use_sliding_window": False,
-    "bos_token_id": None,
-    "eos_token_id": None,
-    "pad_token_id": None,
-    "head_dim": None,
-}
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {
-        **_COMMON,
-        "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": None,
-        "max_position_embeddings": 2048,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
-    "qwen2": {
-        **_COMMON,
-        "vocab_size": 151936,
-        "hidden_size": 4096,
-        "intermediate_size": 22016,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 32,
-        "max_position_embeddings": 32768,
-    },
-}
-_DEFAULTS["qwen3"] = {**_DEFAULTS["qwen2"], "head_dim": 128}
+from .registry import FAMILIES
 
 
 class ModelConfig:
     """The fields of one config.json as attributes, with its family's defaults.
 
-    `model_type` must be one of llama, qwen2, qwen3 (checked by the caller); an unknown
-    field that config.json does not hold raises AttributeError, so `getattr(cfg, name,
+    A field that config.json does not hold and its family has no default for (every field, for
+    a model_type the registry does not know) raises AttributeError, so `getattr(cfg, name,
     default)` behaves as it does on a transformers config.
     """
 
     def __init__(self, raw: dict[str, Any]) -> None:
         self._raw = dict(raw)
-        self._defaults = _DEFAULTS.get(raw.get("model_type"), _COMMON)
+        family = FAMILIES.get(raw.get("model_type"))
+        self._defaults = family.config_defaults if family else {}
 
     @classmethod
     def from_file(cls, path: Path) -> ModelConfig:

@@ -1,8 +1,9 @@
 """GGUF files into Hugging Face folders: read, dequantize, write, verify.
 
-`convert_gguf` turns a Llama / Qwen2 / Qwen3 GGUF file into a folder transformers and pagedctl
-both load: config.json, float16 model.safetensors, generation config, the tokenizer with the
-GGUF's chat template, and a manifest saying where it came from.
+`convert_gguf` turns a GGUF file of a family the registry converts (its `gguf_arch`: Llama,
+Qwen2, Qwen3) into a folder transformers and pagedctl both load: config.json, float16
+model.safetensors, generation config, the tokenizer with the GGUF's chat template, and a manifest
+saying where it came from.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .weights import (
-    SUPPORTED_ARCHITECTURES,
-    UnsupportedModelError,
-)
+from .registry import Family, UnsupportedModelError, gguf_family
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -29,7 +27,6 @@ if TYPE_CHECKING:
 
 MANIFEST = "pagedctl-manifest.json"
 _FP16_MAX = 65504.0
-_GGUF_ARCHS = dict(zip(("llama", "qwen2", "qwen3"), SUPPORTED_ARCHITECTURES, strict=True))
 _SPECIAL_IDS = {  # role -> GGUF key under tokenizer.ggml.
     "bos": "bos_token_id",
     "eos": "eos_token_id",
@@ -57,7 +54,7 @@ class GGUFConversionError(RuntimeError):
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """Dequantize a Llama / Qwen2 / Qwen3 GGUF file into a Hugging Face folder in `out_dir`.
+    """Dequantize a GGUF file into a Hugging Face folder in `out_dir`.
 
     Writes config.json, model.safetensors (float16), generation_config.json, the tokenizer
     (tokenizer.json, tokenizer_config.json with the GGUF's chat template) and a manifest.
@@ -68,9 +65,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     reader = GGUFReader(gguf_path)
     meta = _metadata(reader)
     shapes = {t.name: tuple(reversed(t.shape.tolist())) for t in reader.tensors}
-    config = _config_from_gguf(meta, shapes)
+    family = gguf_family(meta.get("general.architecture"))
+    config = _config_from_gguf(family, meta, shapes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    kinds = _write_weights(reader, config, out_dir / "model.safetensors")
+    kinds = _write_weights(reader, family, config, out_dir / "model.safetensors")
     config.save_pretrained(out_dir)
     saved = json.loads((out_dir / "config.json").read_text())
     saved.setdefault("rope_theta", saved["rope_parameters"]["rope_theta"])  # transformers < 5
@@ -83,7 +81,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         "by": "pagedctl.engine.models.gguf.convert_gguf",
         "dtype": "float16",
         "gguf_tensor_types": kinds,
-        "unpermuted_qk": config.model_type == "llama",
+        "unpermuted_qk": family.gguf_unpermute_qk,
         "versions": {p: version(p) for p in ("gguf", "transformers", "torch", "safetensors")},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -107,15 +105,12 @@ def _metadata(reader: GGUFReader) -> dict[str, Any]:
     return meta
 
 
-def _config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> PretrainedConfig:
+def _config_from_gguf(
+    family: Family, meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]
+) -> PretrainedConfig:
     from transformers import AutoConfig
 
-    arch = meta.get("general.architecture")
-    if arch not in _GGUF_ARCHS:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported; pagedctl converts "
-            f"{', '.join(_GGUF_ARCHS)} ({', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
+    arch = family.gguf_arch
     if "rope_freqs.weight" in shapes or meta.get(f"{arch}.rope.scaling.type", "none") != "none":
         raise UnsupportedModelError(
             "this GGUF uses RoPE scaling (Llama-3 rope_freqs or a scaling type), which pagedctl "
@@ -127,7 +122,7 @@ def _config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) 
 
     heads, hidden = get("attention.head_count"), get("embedding_length")
     kwargs: dict[str, Any] = {
-        "architectures": [_GGUF_ARCHS[arch]],
+        "architectures": [family.architectures[0]],
         "vocab_size": shapes["token_embd.weight"][0],
         "hidden_size": hidden,
         "intermediate_size": get("feed_forward_length"),
@@ -142,14 +137,14 @@ def _config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) 
         "dtype": "float16",
     }
     head_dim = get("attention.key_length", hidden // heads)
-    if arch != "qwen2" or head_dim != hidden // heads:  # Qwen2Config has no head_dim by default
-        kwargs["head_dim"] = head_dim
+    if head_dim != (family.config_defaults["head_dim"] or hidden // heads):
+        kwargs["head_dim"] = head_dim  # only where the config class would assume another
     for role, key in _SPECIAL_IDS.items():
         if role != "unk":
             kwargs[f"{role}_token_id"] = meta.get(f"tokenizer.ggml.{key}")
-    if arch == "llama":
+    if family.qkv_bias is None:  # the config's attention_bias says: read it off the tensors
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
-    return AutoConfig.for_model(arch, **kwargs)
+    return AutoConfig.for_model(family.model_type, **kwargs)
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -164,7 +159,7 @@ def hf_tensor_name(gguf_name: str) -> str | None:
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row order for Llama models.
+    """Undo llama.cpp's q/k row order for the families that have it (`gguf_unpermute_qk`).
 
     Per head, llama.cpp's converter interleaves the two rotary halves (row i next to row
     i + head_dim/2) for its RoPE kernel; Hugging Face keeps the halves apart (rotate_half).
@@ -173,7 +168,9 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_weights(reader: GGUFReader, config: PretrainedConfig, path: Path) -> dict[str, int]:
+def _write_weights(
+    reader: GGUFReader, family: Family, config: PretrainedConfig, path: Path
+) -> dict[str, int]:
     """Dequantize every tensor into float16 safetensors; return how many of each GGUF type.
 
     float16 rather than float32: half the disk and memory, and the reference T4 computes in fp16
@@ -193,7 +190,7 @@ def _write_weights(reader: GGUFReader, config: PretrainedConfig, path: Path) -> 
             raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart")
         w = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
         part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-        if config.model_type == "llama" and part in heads:
+        if family.gguf_unpermute_qk and part in heads:
             w = unpermute_qk(w, heads[part])
         peak = float(np.abs(w).max())
         if not peak <= _FP16_MAX:  # also catches NaN

@@ -1,7 +1,8 @@
 """Building blocks of a Llama-family decoder and the config switches that choose them.
 
-`model_spec` reads a Hugging Face config into a `ModelSpec` (rejecting what we do not run);
-the modules are linear, embedding, RMSNorm, gated MLP and rotary embedding.
+`model_spec` reads a Hugging Face config into a `ModelSpec`, its family's switches from the
+registry (rejecting what we do not run); the modules are linear, embedding, RMSNorm, gated MLP
+and rotary embedding.
 
 Parameters are created uninitialised (`torch.empty`) in the current default dtype and device;
 `load_weights` or `init_dummy_weights` fills them.
@@ -23,6 +24,7 @@ from ...kernels import (
     rms_norm,
     silu_and_mul,
 )
+from .registry import Family, UnsupportedModelError, family_of
 
 
 class Linear(nn.Module):
@@ -114,10 +116,6 @@ class RopeConfig:
     original_max_position: int = 8192
 
 
-class UnsupportedModelError(ValueError):
-    """The model (architecture, RoPE variant, activation...) is outside what pagedctl runs."""
-
-
 def rope_config(hf_config: object) -> RopeConfig:
     """Read RoPE settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling`."""
     params = getattr(hf_config, "rope_parameters", None)
@@ -172,6 +170,7 @@ def rope_inv_freq(head_dim: int, rope: RopeConfig) -> Tensor:
 class ModelSpec:
     """Shape and family switches of a decoder, read from a Hugging Face config."""
 
+    family: Family
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -189,31 +188,34 @@ class ModelSpec:
 
 
 def model_spec(cfg: object) -> ModelSpec:
-    """Validate a LlamaConfig / Qwen2Config / Qwen3Config and read the switches it implies."""
-    family = getattr(cfg, "model_type", None)
-    if family not in ("llama", "qwen2", "qwen3"):
-        raise UnsupportedModelError(
-            f"model_type {family!r} is not supported; use a llama, qwen2 or qwen3 model"
-        )
-    for name, ok in (("hidden_act", "silu"), ("mlp_bias", False), ("use_sliding_window", False)):
-        if getattr(cfg, name, ok) != ok:
+    """Validate a config of a family the engine runs and read the switches it implies."""
+    family = family_of(cfg)
+    for name, ok in (("hidden_act", "silu"), ("mlp_bias", False)):
+        if family.read(cfg, name) != ok:
             raise UnsupportedModelError(f"{name}={getattr(cfg, name)!r} is not supported")
+    window = family.sliding_window(cfg)
+    if window is not None:
+        raise UnsupportedModelError(
+            f"sliding-window attention (sliding_window={window}) is not supported: pagedctl "
+            "attends to every cached token"
+        )
     heads = cfg.num_attention_heads
-    attention_bias = bool(getattr(cfg, "attention_bias", False))
+    qkv_bias, o_bias = family.attention_biases(cfg)
     return ModelSpec(
+        family=family,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_layers=cfg.num_hidden_layers,
         num_heads=heads,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        num_kv_heads=family.read(cfg, "num_key_value_heads") or heads,
+        head_dim=family.read(cfg, "head_dim") or cfg.hidden_size // heads,
         rms_norm_eps=cfg.rms_norm_eps,
         max_positions=cfg.max_position_embeddings,
-        qkv_bias=family == "qwen2" or attention_bias,
-        o_bias=family != "qwen2" and attention_bias,
-        qk_norm=family == "qwen3",
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        qk_norm=family.qk_norm,
+        tie_word_embeddings=bool(family.read(cfg, "tie_word_embeddings")),
         rope=rope_config(cfg),
     )
 

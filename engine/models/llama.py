@@ -1,8 +1,9 @@
-"""One Llama-family decoder for Llama (SmolLM2, Llama 3), Qwen2 and Qwen3, on a paged KV cache.
+"""One Llama-style decoder for the families whose spec names it (Llama, Qwen2, Qwen3), on a
+paged KV cache.
 
-The families differ only by switches read from the Hugging Face config: q/k/v bias (Qwen2),
-per-head q/k RMSNorm before RoPE and an explicit head_dim (Qwen3), RoPE scaling (Llama 3),
-tied embeddings. q/k/v and gate/up projections are fused; `load_weights` splits HF names onto them.
+The families differ only by switches: their spec's (q/k/v bias, per-head q/k RMSNorm before
+RoPE) and the config's (RoPE scaling, an explicit head_dim, tied embeddings). Projections are
+fused as the spec says (q/k/v, gate/up); `load_weights` splits Hugging Face names onto them.
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ from .layers import (
     ModelSpec,
     RMSNorm,
     RotaryEmbedding,
-    UnsupportedModelError,
     model_spec,
 )
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+from .registry import expected_weight_shapes
 
 
 class WeightLoadError(ValueError):
@@ -112,7 +111,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """A Llama/Qwen2/Qwen3 decoder whose attention reads and writes a paged KV cache."""
+    """A Llama-style decoder whose attention reads and writes a paged KV cache."""
 
     def __init__(
         self,
@@ -123,6 +122,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         spec = model_spec(hf_config)
         self.spec = spec
+        self._checkpoint = expected_weight_shapes(hf_config, spec.family)  # HF name -> shape
         self.num_layers, self.num_kv_heads = spec.num_layers, spec.num_kv_heads
         self.head_dim, self.vocab_size = spec.head_dim, spec.vocab_size
         self.dtype = dtype
@@ -168,15 +168,16 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, cast to the model's dtype and device.
 
-        `rotary_emb.inv_freq` is ignored; `lm_head.weight` is optional (the embedding is reused
-        when it is absent or the config ties them). Raises `WeightLoadError` listing unknown,
-        missing or misshapen names.
+        The family's `unused_weights` (`rotary_emb.inv_freq`) are ignored; `lm_head.weight` is
+        optional (the embedding is reused when it is absent or the config ties them). Raises
+        `WeightLoadError` listing unknown, missing or misshapen names.
         """
         slots = self._hf_slots()
+        unused = self.spec.family.unused_weights
         loaded: set[str] = set()
         unknown: list[str] = []
         for name, tensor in weights:
-            if name.endswith("rotary_emb.inv_freq") or (
+            if name.endswith(unused) or (
                 name == "lm_head.weight" and name not in slots  # tied: the embedding serves
             ):
                 continue
@@ -215,41 +216,22 @@ class LlamaForCausalLM(nn.Module):
                     param.normal_(0.0, 0.02, generator=gen)
 
     def _hf_slots(self) -> dict[str, Tensor]:
-        """HF tensor name -> the parameter, or the slice of a fused one, that it fills."""
-        sp = self.spec
-        q, kv, inter = (
-            sp.num_heads * sp.head_dim,
-            sp.num_kv_heads * sp.head_dim,
-            sp.intermediate_size,
-        )
-        shards = {
-            "qkv_proj": (("q_proj", q), ("k_proj", kv), ("v_proj", kv)),
-            "gate_up_proj": (("gate_proj", inter), ("up_proj", inter)),
-        }
+        """HF tensor name -> the parameter, or the rows of a fused one (the family's `fused`, in
+        its order, each as many rows as the checkpoint's tensor), that it fills."""
+        fused = self.spec.family.fused
         slots = {}
         for name, param in self.named_parameters():
             module, _, kind = name.rpartition(".")
             prefix, _, leaf = module.rpartition(".")
             offset = 0
-            for hf_leaf, rows in shards.get(leaf, ()):
-                slots[f"{prefix}.{hf_leaf}.{kind}"] = param.detach().narrow(0, offset, rows)
+            for hf_leaf in fused.get(leaf, ()):
+                hf_name = f"{prefix}.{hf_leaf}.{kind}"
+                rows = self._checkpoint[hf_name][0]
+                slots[hf_name] = param.detach().narrow(0, offset, rows)
                 offset += rows
-            if leaf not in shards:
+            if leaf not in fused:
                 slots[name] = param.detach()
         return slots
-
-
-def build_model(
-    hf_config: object, dtype: torch.dtype, device: torch.device | str
-) -> LlamaForCausalLM:
-    """Build the decoder for a supported `architectures` entry (weights uninitialised)."""
-    archs = list(getattr(hf_config, "architectures", None) or [])
-    if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
-        raise UnsupportedModelError(
-            f"architecture {archs} is not supported; pagedctl runs "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return LlamaForCausalLM(hf_config, dtype, device)
 
 
 @contextmanager

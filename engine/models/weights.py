@@ -15,23 +15,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from .config import ModelConfig
+from .registry import UnsupportedModelError, family_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-_ARCH_BY_MODEL_TYPE = dict(zip(("llama", "qwen2", "qwen3"), SUPPORTED_ARCHITECTURES, strict=True))
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 class ModelNotFoundError(ValueError):
     """No model matched the name; the message lists every place that was looked at."""
-
-
-class UnsupportedModelError(ValueError):
-    """The model exists, but the engine cannot run it (architecture or checkpoint format)."""
 
 
 class PickleCheckpointError(UnsupportedModelError):
@@ -84,15 +78,12 @@ def load_config(config_file: Path) -> ModelConfig:
     """Read a `config.json`-style file, checking the architecture (transformers is not needed)."""
     if not config_file.is_file():
         raise ModelNotFoundError(f"{config_file.parent} has no config.json")
-    raw = json.loads(config_file.read_text())
-    model_type = raw.get("model_type")
-    arch = (raw.get("architectures") or [_ARCH_BY_MODEL_TYPE.get(model_type)])[0]
-    if arch not in SUPPORTED_ARCHITECTURES or model_type not in _ARCH_BY_MODEL_TYPE:
-        raise UnsupportedModelError(
-            f"{config_file}: architecture {arch or model_type!r} is not supported; "
-            f"pagedctl runs {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return ModelConfig(raw)
+    config = ModelConfig.from_file(config_file)
+    try:
+        family_of(config)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{config_file}: {e}") from None
+    return config
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -183,43 +174,3 @@ def cached_hf_models() -> list[CachedModel]:
             continue
         found.append(CachedModel(repo.repo_id, snapshot, repo.size_on_disk))
     return found
-
-
-def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter a Llama / Qwen2 / Qwen3 checkpoint of this config holds, with its shape."""
-    h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
-    nh, nkv = config.num_attention_heads, config.num_key_value_heads
-    hd = getattr(config, "head_dim", None) or h // nh
-    attn_bias = bool(getattr(config, "attention_bias", False))
-    qkv_bias = attn_bias or config.model_type == "qwen2"  # Qwen2 always has q/k/v biases
-    layer: dict[str, tuple[int, ...]] = {
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (nh * hd, h),
-        "self_attn.k_proj.weight": (nkv * hd, h),
-        "self_attn.v_proj.weight": (nkv * hd, h),
-        "self_attn.o_proj.weight": (h, nh * hd),
-        "mlp.gate_proj.weight": (inter, h),
-        "mlp.up_proj.weight": (inter, h),
-        "mlp.down_proj.weight": (h, inter),
-    }
-    if qkv_bias:
-        layer |= {
-            f"self_attn.{p}_proj.bias": layer[f"self_attn.{p}_proj.weight"][:1] for p in "qkv"
-        }
-    if attn_bias:
-        layer["self_attn.o_proj.bias"] = (h,)
-    if config.model_type == "qwen3":
-        layer |= {"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)}
-    if getattr(config, "mlp_bias", False):
-        layer |= {
-            "mlp.gate_proj.bias": (inter,),
-            "mlp.up_proj.bias": (inter,),
-            "mlp.down_proj.bias": (h,),
-        }
-    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    for i in range(config.num_hidden_layers):
-        shapes |= {f"model.layers.{i}.{k}": s for k, s in layer.items()}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (v, h)
-    return shapes

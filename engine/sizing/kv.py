@@ -6,8 +6,10 @@ Shared by the engine (sizing its pool at start-up) and by capacity planning.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from ..core.units import cdiv
+from ..models.registry import planning_family
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,10 @@ def layout_from_config_dict(config: dict, dtype_bytes: int = 2) -> KVLayout:
     """The KV layout of a raw `config.json` mapping, for planning (nothing is built or checked
     against what the engine runs).
 
-    Counts Llama, Qwen2/3 and Mistral-style decoders: GQA through `num_key_value_heads` (all heads
-    when absent), an explicit `head_dim` when it is set (it need not be hidden / heads), and a
-    nested `text_config`. Sliding windows are counted as full attention, as this engine caches
+    Counts Llama-style decoders of any model_type: GQA through `num_key_value_heads`, an explicit
+    `head_dim` when it is set (it need not be hidden / heads), and a nested `text_config`; where
+    they are absent, what the config class of its `planning_family` assumes (a Llama's: every
+    head, hidden / heads). Sliding windows are counted as full attention, as this engine caches
     every token.
 
     Raises:
@@ -63,8 +66,9 @@ def layout_from_config_dict(config: dict, dtype_bytes: int = 2) -> KVLayout:
             "per KV head"
         )
     heads = _positive(cfg, "num_attention_heads")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or _positive(cfg, "hidden_size") // heads
+    family, fields = planning_family(cfg.get("model_type")), SimpleNamespace(**cfg)
+    kv_heads = family.read(fields, "num_key_value_heads") or heads
+    head_dim = family.read(fields, "head_dim") or _positive(cfg, "hidden_size") // heads
     layers = _positive(cfg, "num_hidden_layers")
     for name, value in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
         if not isinstance(value, int) or value < 1:

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from pagedctl.engine import KVLayout, layout_from_config_dict
+from pagedctl.engine import KVLayout, layout_from_config_dict, planning_family
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-KNOWN_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _MAX_HEADER = 100 * 2**20  # a safetensors header larger than this is not a header
 
@@ -130,7 +129,7 @@ def _from_config(name: str, raw: dict, tokenizer_dir: Path | None) -> ModelFootp
     try:
         layout_from_config_dict(cfg)
         count = params_from_config(cfg)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ModelSpecError(f"{name}: cannot count this config: {e}") from None
     return ModelFootprint(name, cfg, count, "config", tokenizer_dir, _notes(cfg))
 
@@ -138,35 +137,27 @@ def _from_config(name: str, raw: dict, tokenizer_dir: Path | None) -> ModelFootp
 def _notes(cfg: dict) -> tuple[str, ...]:
     notes = []
     kind = cfg.get("model_type")
-    if kind not in KNOWN_TYPES:
+    family = planning_family(kind)
+    if family.model_type != kind:
         notes.append(
             f"model_type {kind!r}: weights counted as a Llama-style decoder; give "
             "--non-kv-memory for an exact budget"
         )
     if cfg.get("num_experts") or cfg.get("num_local_experts"):
         notes.append("mixture of experts: the weight count from the config is not exact")
-    window = cfg.get("sliding_window")
-    if window and cfg.get("use_sliding_window", kind == "mistral"):
+    window = family.sliding_window(SimpleNamespace(**cfg))
+    if window:
         notes.append(f"sliding window {window} counted as full attention (the engine caches all)")
     return tuple(notes)
 
 
 def params_from_config(cfg: dict) -> int:
-    """Parameters of a Llama / Mistral / Qwen2 / Qwen3 decoder with this config."""
+    """Parameters of a checkpoint with this config: the tensors of its `planning_family` (a
+    Llama's for a model_type the engine does not know)."""
     from pagedctl.engine import expected_weight_shapes
 
-    heads = cfg["num_attention_heads"]
-    ns = SimpleNamespace(
-        **{
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            **cfg,
-            "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
-            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        }
-    )
-    return sum(math.prod(s) for s in expected_weight_shapes(ns).values())
+    shapes = expected_weight_shapes(SimpleNamespace(**cfg), planning_family(cfg.get("model_type")))
+    return sum(math.prod(s) for s in shapes.values())
 
 
 def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,84 @@
+"""The model family registry: torch-free, agreeing with transformers, the one list of what runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import CONFIG_MAPPING
+
+from pagedctl.engine.models.config import ModelConfig
+from pagedctl.engine.models.registry import (
+    FAMILIES,
+    UnsupportedModelError,
+    build_model,
+    family_of,
+    gguf_family,
+    planning_family,
+)
+
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
+def test_registry_config_and_kv_planning_load_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ImportError('imported torch: ' + name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "from pagedctl.engine.models.config import ModelConfig\n"
+        "from pagedctl.engine.sizing.kv import layout_from_config_dict\n"
+        "cfg = {'model_type': 'qwen3', 'num_attention_heads': 16, 'hidden_size': 1024,\n"
+        "       'num_hidden_layers': 28, 'num_key_value_heads': 8}\n"
+        "assert ModelConfig(cfg).head_dim == 128\n"
+        "assert layout_from_config_dict(cfg).head_dim == 128\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_config_defaults_are_transformers_own(model_type: str) -> None:
+    """Every default a family lists is its transformers config class's, where that class has the
+    field (transformers 5 keeps rope_scaling inside rope_parameters)."""
+    theirs = CONFIG_MAPPING[model_type]()
+    ours = ModelConfig({"model_type": model_type})
+    for name in FAMILIES[model_type].config_defaults:
+        if name != "rope_scaling" and hasattr(theirs, name):
+            assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.rope_parameters["rope_theta"] == theirs.rope_parameters["rope_theta"]
+
+
+def test_build_model_takes_the_class_from_the_spec() -> None:
+    runs = [f for f in FAMILIES.values() if f.model_class]
+    for family in runs:
+        config = CONFIG_MAPPING[family.model_type](**TINY, architectures=[*family.architectures])
+        model = build_model(config, torch.float32, "cpu")
+        assert f"{type(model).__module__}.{type(model).__name__}".endswith(family.model_class)
+        assert model.spec.family is family_of(config) is family
+    names = ", ".join(a for f in runs for a in f.architectures)
+    with pytest.raises(UnsupportedModelError, match=f"pagedctl runs {names}$"):
+        family_of(CONFIG_MAPPING["gpt2"]())
+
+
+def test_a_family_without_a_model_class_is_planned_not_run() -> None:
+    mistral = CONFIG_MAPPING["mistral"](**TINY, architectures=["MistralForCausalLM"])
+    with pytest.raises(UnsupportedModelError, match="'MistralForCausalLM' is not supported"):
+        family_of(mistral)
+    assert planning_family("mistral") is FAMILIES["mistral"]
+    assert planning_family("mistral").sliding_window(mistral) == 4096  # MistralConfig's default
+    assert planning_family("gemma") is FAMILIES["llama"]
+    assert gguf_family("qwen3") is FAMILIES["qwen3"]
+    with pytest.raises(UnsupportedModelError, match="converts llama, qwen2, qwen3 "):
+        gguf_family("mistral")
