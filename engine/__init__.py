@@ -24,11 +24,14 @@ if logging.getLogger("torch").level == logging.NOTSET:
 _EXPORTS: dict[str, str | tuple[str, str]] = {
     # running requests
     "LLM": "llm",
+    "BEAM_ONLY_FIELDS": "core.beam_search",
     "BeamSearchParams": "core.beam_search",
     "CompletionOutput": "outputs",
     "MIN_MAX_TOKENS": "core.sampling_params",
     "ReplicaPool": "scale_out.ray_data",
     "RequestOutput": "outputs",
+    "SAMPLING_FIELDS": "core.sampling_params",
+    "SamplingField": "core.sampling_fields",
     "SamplingParams": "core.sampling_params",
     "TokenBytes": "token_bytes",
     # settings (one source: EngineConfig's fields)

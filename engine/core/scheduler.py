@@ -579,8 +579,8 @@ class Scheduler:
     def reserve_decode_steps(self, out: SchedulerOutput, k: int) -> bool:
         """Let a pure decode step run `k` tokens deep before the next `schedule()`.
 
-        Every row must be a decode that samples one token (no copy, no fork pending, no
-        log-probabilities) with `k - 1` more positions inside `max_model_len`; then each gets
+        Every row must be a decode that samples one token (no copy, no fork pending, params
+        with `multi_step`) with `k - 1` more positions inside `max_model_len`; then each gets
         the slots of its next `k - 1` tokens, all or none (False: run one step). Between the
         `k` calls to `update` that follow, sequences hold blocks up to `k - 1` tokens ahead;
         `end_decode_steps` closes the window.
@@ -596,7 +596,7 @@ class Scheduler:
                 or c + 1 != seq.num_tokens
                 or seq.num_samples_to_draw != 1
                 or seq.beam is not None  # a group chooses its beams between tokens
-                or seq.sampling_params.logprobs
+                or not seq.sampling_params.multi_step
                 or seq.num_tokens + k - 1 > limit
             ):
                 return False
