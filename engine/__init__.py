@@ -24,6 +24,7 @@ if logging.getLogger("torch").level == logging.NOTSET:
 _EXPORTS: dict[str, str | tuple[str, str]] = {
     # running requests
     "LLM": "llm",
+    "BEAM_ONLY_FIELDS": "core.beam_search",
     "BeamSearchParams": "core.beam_search",
     "ClusterUnavailable": "scale_out",
     "CompletionOutput": "outputs",
@@ -33,6 +34,8 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "ReplicaShare": "protocol",
     "Replicas": "protocol",
     "RequestOutput": "outputs",
+    "SAMPLING_FIELDS": "core.sampling_params",
+    "SamplingField": "core.sampling_fields",
     "SamplingParams": "core.sampling_params",
     "TokenBytes": "token_bytes",
     # settings (one source: EngineConfig's fields)

@@ -1,9 +1,12 @@
-"""Command-line options made from `EngineConfig`: one flag per engine setting, never written twice.
+"""Command-line options made from `EngineConfig` and `SamplingParams`: one flag per engine
+setting, and per sampling field a job's default may set, never written twice.
 
 `engine_flags` adds the settings' flags to a command (`generate`, `bench`), `axis_flags` adds them
 as comma-separated sweep axes (`sweep`). Flag names are the settings' names with dashes, as vLLM's
 are (`--gpu-memory-utilization`, `--num-gpu-blocks-override`); each alias is a second spelling
-(`--gpu-mem`, `--num-blocks`). A flag left out is None, so a recipe's value stands.
+(`--gpu-mem`, `--num-blocks`). `sampling_flags` adds `generate`'s flags for the sampling defaults
+of its lines (`--temperature`, `--stop`, ...: the fields whose `SamplingField` has a `flag`). A
+flag left out is None, so a recipe's value stands.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import typer
 
 from pagedctl.engine import (
     RUNTIME_SETTING_NAMES,
+    SAMPLING_FIELDS,
     SETTING_NAMES,
     SETTINGS,
     describe_setting,
@@ -85,6 +89,26 @@ def axis_flags(names: Iterable[str] = RUNTIME_SETTING_NAMES) -> Callable:
     """Decorator: the command takes each setting in `names` as an axis flag (text, comma-
     separated); they reach it as one keyword, `axes`, a dict of the flags that were given."""
     return _with_options(list(names), _axis_option, "axes")
+
+
+def _sampling_option(name: str) -> tuple[type, Any]:
+    """The flag of a job's default of sampling field `name`: a number shows its default; a list
+    is repeated (`--stop A --stop B`); a bool is a plain switch (`--ignore-eos`)."""
+    spec = SAMPLING_FIELDS[name]
+    flag, help = "--" + name.replace("_", "-"), spec.flag
+    if spec.kind in ("int", "float"):
+        help = with_default(help, str(spec.default))
+    kind = {"strs": list[str], "bool": bool}.get(spec.kind) or _TYPES[spec.kind]
+    return kind | None, typer.Option(None, flag, help=help, show_default=False)
+
+
+SAMPLING_FLAG_NAMES = tuple(name for name, spec in SAMPLING_FIELDS.items() if spec.flag)
+
+
+def sampling_flags(names: Iterable[str] = SAMPLING_FLAG_NAMES) -> Callable:
+    """Decorator: the command also takes a flag per sampling field in `names`; they reach it as
+    one keyword, `sampling`, a dict of the flags that were given (by field name)."""
+    return _with_options(list(names), _sampling_option, "sampling")
 
 
 def _with_options(names: list[str], make: Callable, keyword: str) -> Callable:

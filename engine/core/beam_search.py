@@ -26,14 +26,14 @@ beams fork from it again and compute their own tokens (see `BeamGroup.preempt`).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .sampling_params import SamplingParams
+from .sampling_fields import SamplingField, params_check, same_field, sampling_field, specs
+from .sampling_params import SAMPLING_FIELDS, SamplingParams
 from .sequence import Sequence, SequenceStatus
 from .units import cdiv
 
@@ -53,49 +53,56 @@ class BeamSearchParams:
     (0: raw sum; above 0 favours longer hypotheses). `early_stopping`: True, False or "never",
     as in transformers. `stop_token_ids` end a beam as EOS does; `ignore_eos` lets beams run
     through EOS. `logprobs`: return each token's log-probability with the hypothesis.
+
+    A field it shares with `SamplingParams` takes that field's `SamplingField`, so one check
+    serves both; its own are marked `beam="only"` (`BEAM_ONLY_FIELDS`).
     """
 
-    beam_width: int
-    max_tokens: int = 256
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    logprobs: bool = False
-    cache_salt: str | None = None
-    strict_max_tokens: bool = False
+    beam_width: int = sampling_field(
+        MISSING, "beams kept, and hypotheses returned", "int", low=1, line=False, beam="only"
+    )
+    max_tokens: int = same_field(SAMPLING_FIELDS["max_tokens"])
+    length_penalty: float = sampling_field(
+        1.0,
+        "beam search: a finished hypothesis scores its cumulative log-probability divided by "
+        "its length to this power (0: the raw sum; above 0 favours longer ones)",
+        "float",
+        finite=True,
+        beam="only",
+    )
+    early_stopping: bool | str = sampling_field(
+        False,
+        "beam search: when the search ends: true, once n hypotheses are finished; false, when "
+        "the best live beam can no longer beat the worst hypothesis at its current length; "
+        '"never", as false but judging a positive length_penalty at max_tokens (longer)',
+        "choice",
+        choices=EARLY_STOPPING,
+        beam="only",
+    )
+    ignore_eos: bool = same_field(SAMPLING_FIELDS["ignore_eos"])
+    stop_token_ids: tuple[int, ...] = same_field(SAMPLING_FIELDS["stop_token_ids"])
+    logprobs: bool = same_field(SAMPLING_FIELDS["logprobs"])
+    cache_salt: str | None = same_field(SAMPLING_FIELDS["cache_salt"])
+    strict_max_tokens: bool = same_field(SAMPLING_FIELDS["strict_max_tokens"])
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        for name in ("beam_width", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        lp = self.length_penalty
-        if isinstance(lp, bool) or not isinstance(lp, int | float) or not math.isfinite(lp):
-            raise TypeError(f"length_penalty must be a finite number, got {lp!r}")
-        if not any(self.early_stopping is v or self.early_stopping == v for v in EARLY_STOPPING):
-            raise ValueError(
-                f'early_stopping must be true, false or "never", got {self.early_stopping!r}'
-            )
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
-            raise TypeError(f"stop_token_ids must be integers, got {self.stop_token_ids!r}")
-        for name in ("ignore_eos", "logprobs", "strict_max_tokens"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _check(self)
 
     def sampling_params(self) -> SamplingParams:
-        """What each beam's sequence carries: greedy, no strings, the same limits."""
+        """What each beam's sequence carries: greedy, no strings, the fields of `beam="beams"`."""
         return SamplingParams(
-            temperature=0.0,
-            max_tokens=self.max_tokens,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
-            cache_salt=self.cache_salt,
-            strict_max_tokens=self.strict_max_tokens,
+            temperature=0.0, **{name: getattr(self, name) for name in CARRIED_BY_BEAMS}
         )
+
+
+_FIELDS = specs(BeamSearchParams)
+_check = params_check(_FIELDS)
+BEAM_ONLY_FIELDS: dict[str, SamplingField] = {
+    name: spec for name, spec in _FIELDS.items() if spec.beam == "only"
+}
+# SamplingParams' fields that each beam's sequence carries (the group's own are not: the width,
+# and the log-probabilities, which the group gathers from the candidates).
+CARRIED_BY_BEAMS = tuple(name for name, spec in SAMPLING_FIELDS.items() if spec.beam == "beams")
 
 
 @dataclass

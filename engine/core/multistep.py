@@ -1,11 +1,11 @@
 """The multi-step decode window: one scheduled decode step run `k` tokens deep.
 
 `num_scheduler_steps = k > 1` lets a pure decode step (every row one token, no copy, no fork, no
-beam, no log-probabilities) run `k` forward passes before the next `schedule()`, the host
-waiting once instead of `k` times. The window reserves every row's slots for its next `k - 1`
-tokens up front (all or none), so the steps inside it allocate nothing; `Scheduler.update` is
-called once per token exactly as `k` single steps would be, and the window closes by giving back
-what a window cut short reserved but did not use.
+beam, no sampling field that needs a step of its own, such as log-probabilities) run `k` forward
+passes before the next `schedule()`, the host waiting once instead of `k` times. The window
+reserves every row's slots for its next `k - 1` tokens up front (all or none), so the steps inside
+it allocate nothing; `Scheduler.update` is called once per token exactly as `k` single steps would
+be, and the window closes by giving back what a window cut short reserved but did not use.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class DecodeWindow:
         return (
             seq.num_samples_to_draw == 1  # no fork pending
             and seq.beam is None  # a group chooses its beams between tokens
-            and not seq.sampling_params.logprobs
+            and seq.sampling_params.multi_step  # no field that needs a step of its own
             and seq.num_tokens + k - 1 <= self.max_model_len
         )
 

@@ -1,8 +1,10 @@
-"""Per-request sampling and stopping parameters."""
+"""Per-request sampling and stopping parameters, each field with its `SamplingField`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .sampling_fields import SamplingField, params_check, sampling_field, specs
 
 GREEDY_BELOW = 1e-5  # as vLLM: a temperature under this samples greedily
 MIN_MAX_TOKENS = 1  # the fewest output tokens a request may ask for (a job's lines, a sweep's)
@@ -10,7 +12,7 @@ MIN_MAX_TOKENS = 1  # the fewest output tokens a request may ask for (a job's li
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one request and when to stop it.
+    """How to sample one request and when to stop it; checked when built.
 
     `temperature == 0` means greedy. `n > 1` draws n samples from one prompt, whose KV is computed
     and stored once and shared by reference count (copy-on-write). `max_tokens` counts output
@@ -21,66 +23,115 @@ class SamplingParams:
     exceeds `max_model_len`, as OpenAI's API does (error code `context_length_exceeded`). Off, such
     a request runs and ends with finish reason "length", stop reason "max_model_len", when it
     reaches the limit.
+
+    Each field's metadata is its `SamplingField` (`SAMPLING_FIELDS`): its check, its description
+    and names on a request line, how a beam search takes it, whether it keeps a sequence out of
+    a multi-step window and whether a job's defaults may set it.
     """
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False
-    cache_salt: str | None = None
-    strict_max_tokens: bool = False
+    n: int = sampling_field(
+        1,
+        "samples of one prompt, whose KV is computed once and shared; with use_beam_search, the "
+        "beam width (required; every beam is returned)",
+        "int",
+        low=1,
+        beam="group",
+        beam_name="beam_width",
+    )
+    temperature: float = sampling_field(
+        1.0,
+        "sampling temperature; 0 (anything below 1e-5) is greedy",
+        "float",
+        low=0,
+        beam="ignored",
+        job=True,
+        flag="Default temperature (0 is greedy).",
+    )
+    top_p: float = sampling_field(
+        1.0, "nucleus sampling", "float", low=0, low_open=True, high=1, beam="ignored", job=True,
+        flag="Default top_p.",
+    )  # fmt: skip
+    top_k: int = sampling_field(
+        0, "top-k sampling", "int", low=0, note="0 disables it", beam="ignored",
+        job=True, flag="Default top_k (0 is off).",
+    )  # fmt: skip
+    min_p: float = sampling_field(
+        0.0, "min-p sampling", "float", low=0, high=1, beam="ignored", job=True,
+        flag="Default min_p.",
+    )  # fmt: skip
+    seed: int | None = sampling_field(
+        None,
+        "the request's own random stream: its samples are then the same whatever else runs "
+        "beside it",
+        "int",
+        beam="ignored",
+        job=True,
+    )
+    max_tokens: int = sampling_field(
+        256,
+        "output tokens per sample",
+        "int",
+        low=MIN_MAX_TOKENS,
+        aliases=("max_completion_tokens",),
+        job=True,
+        flag="Default max_tokens of a line that gives none.",
+    )
+    stop: tuple[str, ...] = sampling_field(
+        (),
+        "stop strings, matched on the detokenized text",
+        "strs",
+        beam="refused",
+        job=True,
+        flag="Default stop string (repeatable).",
+    )
+    stop_token_ids: tuple[int, ...] = sampling_field(
+        (), "token ids that end a sample as EOS does", "ints"
+    )
+    ignore_eos: bool = sampling_field(
+        False, "keep going past EOS", "bool", job=True, flag="Default: keep going past EOS."
+    )
+    logprobs: bool = sampling_field(
+        False,
+        "the sampled tokens' log-probabilities (each hypothesis's tokens' with beam search)",
+        "bool",
+        beam="group",
+        one_step=True,  # each step's logits, gathered on the host
+    )
+    cache_salt: str | None = sampling_field(
+        None,
+        "a tenant's prefix-cache salt: only requests with the same salt share a prefix",
+        "str",
+    )
+    strict_max_tokens: bool = sampling_field(
+        False,
+        "refuse, rather than cut short, a prompt plus max_tokens over max_model_len",
+        "bool",
+        line=False,  # a line's own max_tokens is strict, the job's default is not
+    )
     _stop_ids: frozenset[int] = field(default=frozenset(), init=False, repr=False, compare=False)
+    _multi_step: bool = field(default=True, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check(self)
         object.__setattr__(self, "_stop_ids", frozenset(self.stop_token_ids))
-        self._validate()
-
-    def _validate(self) -> None:
-        for name in ("n", "top_k", "max_tokens"):
-            _require(name, getattr(self, name), int)
-        for name in ("temperature", "top_p", "min_p"):
-            _require(name, getattr(self, name), int | float)
-        if self.seed is not None:
-            _require("seed", self.seed, int)
-        if not isinstance(self.strict_max_tokens, bool):
-            raise TypeError(f"strict_max_tokens must be a bool, got {self.strict_max_tokens!r}")
-        if not all(isinstance(s, str) for s in self.stop):
-            raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.max_tokens < MIN_MAX_TOKENS:
-            raise ValueError(f"max_tokens must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
+        steps = all(spec.at_default(getattr(self, name)) for name, spec in _ONE_STEP.items())
+        object.__setattr__(self, "_multi_step", steps)
 
     @property
     def greedy(self) -> bool:
         """Temperature 0, or one so small that dividing by it overflows float32: its limit."""
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def multi_step(self) -> bool:
+        """Whether a multi-step decode window may sample this sequence's tokens: no field is set
+        that needs the host after every token (`SamplingField.one_step`)."""
+        return self._multi_step
+
     def is_stop_token(self, token_id: int) -> bool:
         return token_id in self._stop_ids
 
 
-def _require(name: str, value: object, kind: type) -> None:
-    """TypeError unless `value` is a `kind` (a bool is not a number here)."""
-    if isinstance(value, bool) or not isinstance(value, kind):
-        noun = "an integer" if kind is int else "a number"
-        raise TypeError(f"{name} must be {noun}, got {value!r}")
+SAMPLING_FIELDS: dict[str, SamplingField] = specs(SamplingParams)
+_check = params_check(SAMPLING_FIELDS)
+_ONE_STEP = {name: spec for name, spec in SAMPLING_FIELDS.items() if spec.one_step}

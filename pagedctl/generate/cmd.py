@@ -28,7 +28,7 @@ from pagedctl.generate.job import GenerateJob, JobExit, JobStopped
 from pagedctl.generate.recipe import JobSettings, load_recipe, merge
 from pagedctl.generate.report import print_spool, report
 from pagedctl.generate.spool import run_spool
-from pagedctl.options import engine_flags, with_default
+from pagedctl.options import engine_flags, sampling_flags, with_default
 from pagedctl.recipe_file import RecipeError, find_recipe
 
 _EXIT_HELP = "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
@@ -54,6 +54,7 @@ def _failures_end_cleanly(command: Callable) -> Callable:
 # Paths are checked by the job, which says what is wrong with one and exits with the code of the
 # table (click's own check would make an unreadable input a usage error).
 @engine_flags()
+@sampling_flags()
 @_failures_end_cleanly
 def generate(
     input: Path | None = typer.Argument(
@@ -111,27 +112,6 @@ def generate(
     recipe: str | None = typer.Option(
         None, "--recipe", help="YAML recipe file, or a shipped recipe's name; flags override it."
     ),
-    max_tokens: int | None = typer.Option(
-        None,
-        help=with_default("Default max_tokens of a line that gives none.", "256"),
-        show_default=False,
-    ),
-    temperature: float | None = typer.Option(
-        None, help=with_default("Default temperature (0 is greedy).", "1.0"), show_default=False
-    ),
-    top_p: float | None = typer.Option(
-        None, help=with_default("Default top_p.", "1.0"), show_default=False
-    ),
-    top_k: int | None = typer.Option(
-        None, help=with_default("Default top_k (0 is off).", "0"), show_default=False
-    ),
-    min_p: float | None = typer.Option(
-        None, help=with_default("Default min_p.", "0.0"), show_default=False
-    ),
-    stop: list[str] | None = typer.Option(None, "--stop", help="Default stop string (repeatable)."),
-    ignore_eos: bool | None = typer.Option(
-        None, "--ignore-eos", help="Default: keep going past EOS."
-    ),
     summary_json: Path | None = typer.Option(
         None,
         "--summary-json",
@@ -164,6 +144,7 @@ def generate(
         help=with_default("The Ray cluster for --replicas: auto or HOST:PORT.", "a local one"),
         show_default=False,
     ),
+    sampling: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
 ) -> None:
     """Run a JSONL batch job: one request per line, results appended as they finish.
@@ -193,19 +174,12 @@ def generate(
         "time_limit": time_limit,
         "summary_json": summary_json,
         "max_line_bytes": max_line_bytes,
-        "sampling_max_tokens": max_tokens,
-        "sampling_temperature": temperature,
-        "sampling_top_p": top_p,
-        "sampling_top_k": top_k,
-        "sampling_min_p": min_p,
-        "sampling_stop": list(stop) if stop else None,
-        "sampling_ignore_eos": ignore_eos,
         "accept_any_model": accept_any_model,
         "replicas": replicas,
         "ray_address": ray_address,
     }
     try:
-        settings = merge(doc, flags, engine or {})
+        settings = merge(doc, flags, engine or {}, sampling or {})
     except ValueError as e:  # a duration or a path template
         _fail(EXIT_USAGE, str(e), log_format)
     if settings.ray_address is not None and settings.replicas is None:

@@ -1,11 +1,31 @@
 """What one `pagedctl generate` request line may carry: the body's fields and what pagedctl does
-with each (docs/jobs.md prints `FIELDS`; a test keeps the two equal), the fields of other APIs it
+with each (docs/jobs.md lists them; a test keeps the two equal), the fields of other APIs it
 accepts only at their neutral values, and other APIs' names for OpenAI's fields.
+
+The sampling fields are the engine's: every `SamplingParams` field a line may give and the beam
+search's own (`SAMPLING_FIELDS`, `BEAM_ONLY_FIELDS`), by their names and aliases, described by
+their `SamplingField`. The rest are the request's own (the prompt, the model, ...).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from pagedctl.engine import BEAM_ONLY_FIELDS, SAMPLING_FIELDS, SamplingField
+
+# The sampling fields a line may give, by their own names (aliases in `ALIASES`).
+LINE_FIELDS: dict[str, SamplingField] = {
+    name: spec for name, spec in {**SAMPLING_FIELDS, **BEAM_ONLY_FIELDS}.items() if spec.line
+}
+ALIASES: dict[str, str] = {a: name for name, spec in LINE_FIELDS.items() for a in spec.aliases}
+_BEAM_NOTES = {"ignored": " (no effect on beam search)", "refused": " (not with beam search)"}
+
+
+def describe(name: str) -> str:
+    """What sampling field `name` does, with what beam search makes of it."""
+    spec = LINE_FIELDS[name]
+    return spec.help + _BEAM_NOTES.get(spec.beam, "")
+
 
 # Every field a request body may carry and what pagedctl does with it. A field that is not here, in
 # `UNSUPPORTED` or in `OTHER_NAMES` is refused on its line as unknown, as OpenAI's API refuses an
@@ -15,23 +35,10 @@ FIELDS: dict[str, str] = {
     "prompt": "completions: the prompt text or token ids",
     "prompt_token_ids": "simple form: the prompt as token ids",
     "model": "the served model's name (`--served-model-name`); another name is refused",
-    "max_tokens": "output tokens per sample",
-    "max_completion_tokens": "alias of max_tokens",
-    "n": "samples of one prompt; with use_beam_search, the beam width (every beam is returned)",
+    **{name: describe(name) for name in LINE_FIELDS},
+    **{alias: f"alias of {name}" for alias, name in ALIASES.items()},
     "best_of": "only equal to n",
     "use_beam_search": "true: run the request by beam search, n beams, best first",
-    "length_penalty": "beam search: a hypothesis's log-probability is divided by length**this",
-    "early_stopping": 'beam search: true, false or "never", when the search may end',
-    "temperature": "sampling temperature (no effect on beam search)",
-    "top_p": "nucleus sampling (no effect on beam search)",
-    "top_k": "top-k sampling (no effect on beam search)",
-    "min_p": "min-p sampling (no effect on beam search)",
-    "seed": "the request's own random stream (no effect on beam search)",
-    "stop": "stop strings (not with beam search: use stop_token_ids)",
-    "stop_token_ids": "stop token ids",
-    "ignore_eos": "keep going past EOS",
-    "logprobs": "the output tokens' log-probabilities (each hypothesis's with beam search)",
-    "cache_salt": "a tenant's prefix-cache salt: only requests with the same salt share a prefix",
     "user": "ignored: no effect on the output",
     "metadata": "ignored: no effect on the output",
     "store": "ignored: no effect on the output",
@@ -66,18 +73,14 @@ OTHER_NAMES: dict[str, str] = {
     "num_return_sequences": "n",
     "num_beams": "n with use_beam_search: true",
 }
-# The fields that take an integer. A float with no fractional part (4.0) is that integer, as
-# OpenAI's API and vLLM's take it (some JSON writers print every number as a float: pandas, for a
-# column with gaps); 4.5 is refused for its fractional part. `logprobs` is an integer of the
-# completions form only (chat's is true or false). Token ids (prompt, prompt_token_ids,
-# stop_token_ids) stay integers: a list of floats is no list of token ids.
+# The fields that take an integer: the sampling fields of that kind, `best_of`, and `logprobs`
+# of the completions form (chat's is true or false). A float with no fractional part (4.0) is that
+# integer, as OpenAI's API and vLLM's take it (some JSON writers print every number as a float:
+# pandas, for a column with gaps); 4.5 is refused for its fractional part. Token ids (prompt,
+# prompt_token_ids, stop_token_ids) stay integers: a list of floats is no list of token ids.
 INTEGER_FIELDS = (
-    "max_tokens",
-    "max_completion_tokens",
-    "n",
+    *(n for name, spec in LINE_FIELDS.items() if spec.kind == "int" for n in (name, *spec.aliases)),
     "best_of",
-    "top_k",
-    "seed",
     "logprobs",
 )
 ENVELOPE = ("custom_id", "method", "url", "body")  # the OpenAI form's top level

@@ -12,22 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagedctl.engine import ConfigError, canonical_settings
+from pagedctl.engine import SAMPLING_FIELDS, ConfigError, canonical_settings
 from pagedctl.generate.deadline import parse_duration
 from pagedctl.generate.templates import fields_of
 from pagedctl.generate.validate import FieldError, check_max_tokens
 from pagedctl.recipe_file import RecipeError, read_recipe
 
-SAMPLING_KEYS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "ignore_eos",
-)
+# The sampling fields a job's defaults may set (`SamplingField.job`).
+SAMPLING_KEYS = tuple(name for name, spec in SAMPLING_FIELDS.items() if spec.job)
 JOB_KEYS = (
     "input",
     "input_dir",
@@ -57,7 +49,9 @@ class JobSettings:
     min_age_s: float = 60.0  # a spool file changed more recently is still being written
     time_limit_s: float | None = None
     engine: dict[str, Any] = field(default_factory=dict)
-    sampling: dict[str, Any] = field(default_factory=lambda: {"max_tokens": 256})
+    sampling: dict[str, Any] = field(
+        default_factory=lambda: {"max_tokens": SAMPLING_FIELDS["max_tokens"].default}
+    )
     max_line_bytes: int = 4 * 2**20
     fsync_every: int = 64
     summary_json: Path | None = None
@@ -146,25 +140,25 @@ PATH_KEYS = ("input", "output", "errors", "summary_json", "input_dir", "output_d
 TEMPLATE_KEYS = ("output", "errors", "summary_json")
 
 
-def merge(recipe: dict[str, Any], flags: dict[str, Any], engine: dict[str, Any]) -> JobSettings:
-    """Settings from a checked recipe, then the flags that were given (None means not given)
-    and the engine flags that were given (by setting name). ValueError for a duration or a path
-    template that cannot be used."""
+def merge(
+    recipe: dict[str, Any], flags: dict[str, Any], engine: dict[str, Any], sampling: dict[str, Any]
+) -> JobSettings:
+    """Settings from a checked recipe, then the flags that were given (None means not given),
+    the engine flags and the sampling flags that were given (by field name). ValueError for a
+    duration or a path template that cannot be used."""
     s = JobSettings()
     if recipe.get("model") is not None:
         s.engine["model"] = str(recipe["model"])
     s.engine.update(recipe.get("engine") or {})
     s.engine.update(engine)
     s.sampling.update(recipe.get("sampling") or {})
+    s.sampling.update(sampling)
     given = {k: v for k, v in (recipe.get("job") or {}).items() if v is not None}
-    job_flags = {k: v for k, v in flags.items() if not k.startswith("sampling_") and v is not None}
+    job_flags = {k: v for k, v in flags.items() if v is not None}
     for one, other in (("input", "input_dir"), ("input_dir", "input")):
         if one in job_flags:  # an input named on the command line replaces the recipe's
             given.pop(other, None)
     given.update(job_flags)
-    for key, value in flags.items():
-        if value is not None and key.startswith("sampling_"):
-            s.sampling[key.removeprefix("sampling_")] = value
     for key, value in given.items():
         if key in PATH_KEYS:
             setattr(s, key, Path(str(value)).expanduser())

@@ -12,15 +12,19 @@ Choices worth knowing:
   the one max_tokens range, of a job's lines and of a sweep's workloads.
 - The sampling dict holds only the fields the body gave, plus max_tokens (default: the smaller of
   `default_max_tokens` and `max_tokens_limit`), so the caller can lay it over its own defaults.
+- A sampling field is checked by its engine spec (`SamplingField`: kind and range, in the words
+  of `SamplingField.describe`), unless the line takes it in a form of its own (`_LINE_FORMS`) or
+  by the job's limits (max_tokens, n) or the endpoint's form (logprobs).
 - Every field is checked against `fields.FIELDS`: an unknown one is an error naming it; a field of
   OpenAI's or vLLM's API that we do not implement is an error unless set to its neutral value
   (e.g. presence_penalty 0), so nothing that would change the output is silently ignored.
 - `use_beam_search: true` (vLLM's field) makes the line a beam search of `n` beams, which must be
-  given. `length_penalty` and `early_stopping` act only there: without it they are refused unless
-  neutral (1 and false). Beam search matches stop tokens only, so `stop` strings are refused with
-  it; the sampling fields (temperature, top_p, top_k, min_p, seed) are checked and have no effect
-  on it (OpenAI-form files routinely carry a temperature). `engine_params` is the one place that
-  turns a checked sampling dict into the engine's SamplingParams or BeamSearchParams.
+  given. What it makes of each field is the field's `SamplingField.beam`: `length_penalty` and
+  `early_stopping` act only there (without it they are refused unless neutral: 1 and false).
+  Beam search matches stop tokens only, so `stop` strings are refused with it; the sampling
+  fields (temperature, top_p, top_k, min_p, seed) are checked and have no effect on it
+  (OpenAI-form files routinely carry a temperature). `engine_params` is the one place that turns
+  a checked sampling dict into the engine's SamplingParams or BeamSearchParams.
 """
 
 from __future__ import annotations
@@ -32,11 +36,18 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pagedctl.engine import MIN_MAX_TOKENS, BeamSearchParams, SamplingParams
+from pagedctl.engine import (
+    MIN_MAX_TOKENS,
+    SAMPLING_FIELDS,
+    BeamSearchParams,
+    SamplingField,
+    SamplingParams,
+)
 from pagedctl.generate.fields import (
     ENVELOPE,
     FIELDS,
     INTEGER_FIELDS,
+    LINE_FIELDS,
     OTHER_NAMES,
     SIMPLE_IDS,
     UNSUPPORTED,
@@ -199,7 +210,7 @@ def parse_sampling(
     body = _integers(body, endpoint)
     beam = _use_beam_search(body.get("use_beam_search"))
     s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
-    if any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens")):
+    if any(body.get(k) is not None for k in _MAX_TOKENS):
         s["strict_max_tokens"] = True
     if body.get("n") is not None:
         s["n"] = _int_in(body, "n", max_n, "n_out_of_range")
@@ -209,12 +220,12 @@ def parse_sampling(
             f"use_beam_search needs n, the beam width: give an integer in 1..{max_n}",
         )
     _best_of(body.get("best_of"), s.get("n", 1), beam)
-    for key, (allowed, ok) in _CHECKS.items():
+    for key, (allowed, ok, convert) in _RULES.items():
         if (value := body.get(key)) is not None:
             if not ok(value):
                 raise FieldError("invalid_field", f"{key} must be {allowed}, got {show(value)}")
             if beam or key not in BEAM_ONLY:
-                s[key] = _CONVERT.get(key, _keep)(value)
+                s[key] = convert(value)
             elif not _same(value, BEAM_ONLY[key]):
                 raise FieldError(
                     "unsupported_field",
@@ -232,16 +243,16 @@ def parse_sampling(
     return s
 
 
-# The sampling dict's keys as BeamSearchParams takes them; the sampling fields that do not act
-# on a beam search (it is deterministic); and the beam-only fields with their neutral values.
+# How a beam search takes the sampling dict's keys (`SamplingField.beam`): the BeamSearchParams
+# field each becomes; the fields of no effect on it (it is deterministic), and those it refuses
+# unless at their default; and its own fields, with the defaults a sampled line may give them at.
 _BEAM_PARAMS = {
-    "n": "beam_width", "max_tokens": "max_tokens", "strict_max_tokens": "strict_max_tokens",
-    "length_penalty": "length_penalty", "early_stopping": "early_stopping",
-    "ignore_eos": "ignore_eos", "stop_token_ids": "stop_token_ids", "logprobs": "logprobs",
-    "cache_salt": "cache_salt",
-}  # fmt: skip
-NO_EFFECT_ON_BEAMS = ("temperature", "top_p", "top_k", "min_p", "seed")
-BEAM_ONLY: dict[str, Any] = {"length_penalty": 1, "early_stopping": False}
+    **{k: f.beam_name or k for k, f in SAMPLING_FIELDS.items() if f.beam in ("beams", "group")},
+    **{k: k for k, f in LINE_FIELDS.items() if f.beam == "only"},
+}
+NO_EFFECT_ON_BEAMS = tuple(k for k, f in SAMPLING_FIELDS.items() if f.beam == "ignored")
+_REFUSED_BY_BEAMS = {k: f for k, f in SAMPLING_FIELDS.items() if f.beam == "refused"}
+BEAM_ONLY: dict[str, Any] = {k: f.default for k, f in LINE_FIELDS.items() if f.beam == "only"}
 
 
 def engine_params(sampling: dict, defaults: dict[str, Any]) -> SamplingParams | BeamSearchParams:
@@ -267,7 +278,8 @@ def engine_params(sampling: dict, defaults: dict[str, Any]) -> SamplingParams | 
             'search (it matches stop tokens only); give this line "stop": [] and '
             "stop_token_ids, or run it without the default",
         )
-    ignored = {"use_beam_search", "stop", *NO_EFFECT_ON_BEAMS}
+    ignored = {"use_beam_search", *NO_EFFECT_ON_BEAMS}
+    ignored |= {k for k, f in _REFUSED_BY_BEAMS.items() if k in s and f.at_default(s[k])}
     for key in s.keys() - _BEAM_PARAMS.keys() - ignored:  # a field not mapped: never dropped
         raise FieldError("unsupported_field", f"{key} is not supported with beam search")
     return BeamSearchParams(**{_BEAM_PARAMS[k]: v for k, v in s.items() if k in _BEAM_PARAMS})
@@ -322,8 +334,11 @@ def check_max_tokens(value: Any, high: int | None = None, key: str = "max_tokens
     return value
 
 
+_MAX_TOKENS = ("max_tokens", *LINE_FIELDS["max_tokens"].aliases)  # a line's names for it
+
+
 def _max_tokens(body: dict, high: int, default: int) -> int:
-    given = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
+    given = [k for k in _MAX_TOKENS if body.get(k) is not None]
     values = {check_max_tokens(body[k], high, k) for k in given}
     if len(values) > 1:
         raise FieldError("invalid_field", "max_tokens and max_completion_tokens differ; give one")
@@ -369,47 +384,6 @@ def _logprobs(value: Any, endpoint: str) -> bool:
     raise FieldError("invalid_field", f"logprobs must be {allowed}, got {show(value)}")
 
 
-def _is_num(v: Any) -> bool:
-    return is_int(v) or (isinstance(v, float) and math.isfinite(v))
-
-
-def _is_token(v: Any) -> bool:
-    return is_int(v) and 0 <= v <= MAX_TOKEN_ID
-
-
-def _is_stop(v: Any) -> bool:
-    stops = [v] if isinstance(v, str) else v
-    ok = isinstance(stops, list) and len(stops) <= MAX_STOP
-    return ok and all(isinstance(s, str) and s and is_text(s) for s in stops)
-
-
-def _keep(v: Any) -> Any:
-    return v
-
-
-# Sampling fields checked by one rule each: field -> (what is allowed, check); then converted.
-_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "temperature": ("a number >= 0", lambda v: _is_num(v) and v >= 0),
-    "top_p": ("a number in (0, 1]", lambda v: _is_num(v) and 0 < v <= 1),
-    "min_p": ("a number in [0, 1]", lambda v: _is_num(v) and 0 <= v <= 1),
-    "top_k": ("an integer >= -1 (-1 or 0 turns it off)", lambda v: is_int(v) and v >= -1),
-    "seed": ("an integer in -2**63..2**64-1", lambda v: is_int(v) and -(2**63) <= v < 2**64),
-    "stop": (f"a non-empty string or a list of up to {MAX_STOP} of them", _is_stop),
-    "stop_token_ids": ("a list of token ids (ints >= 0)", lambda v: isinstance(v, list)
-                       and all(_is_token(t) for t in v)),
-    "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
-    "cache_salt": (f"a non-empty string of up to {MAX_SALT} characters",
-                   lambda v: isinstance(v, str) and 0 < len(v) <= MAX_SALT and is_text(v)),
-    "length_penalty": ("a number", _is_num),
-    "early_stopping": ('true, false or "never"', lambda v: isinstance(v, bool) or v == "never"),
-}  # fmt: skip
-_CONVERT: dict[str, Callable[[Any], Any]] = {
-    "temperature": float, "top_p": float, "min_p": float, "top_k": lambda v: max(v, 0),
-    "length_penalty": float,
-    "stop": lambda v: [v] if isinstance(v, str) else v,
-}  # fmt: skip
-
-
 def _same(a: Any, b: Any) -> bool:
     return isinstance(a, bool) == isinstance(b, bool) and a == b
 
@@ -430,3 +404,72 @@ def show(value: Any) -> str:
         return f"{'an object' if isinstance(value, dict) else 'a list'} of {len(value)}"
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_num(v: Any) -> bool:
+    return is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _is_token(v: Any) -> bool:
+    return is_int(v) and 0 <= v <= MAX_TOKEN_ID
+
+
+def _is_stop(v: Any) -> bool:
+    stops = [v] if isinstance(v, str) else v
+    ok = isinstance(stops, list) and len(stops) <= MAX_STOP
+    return ok and all(isinstance(s, str) and s and is_text(s) for s in stops)
+
+
+def _keep(v: Any) -> Any:
+    return v
+
+
+# The line forms of their own: where a line takes more than the engine (top_k -1, vLLM's "off")
+# or less (a few stop strings, 64-bit seeds, token ids, salts of bounded length): field -> (what
+# is allowed, check, the engine's value of it).
+_LINE_FORMS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] = {
+    "top_k": ("an integer >= -1 (-1 or 0 turns it off)", lambda v: is_int(v) and v >= -1,
+              lambda v: max(v, 0)),
+    "seed": ("an integer in -2**63..2**64-1", lambda v: is_int(v) and -(2**63) <= v < 2**64,
+             _keep),
+    "stop": (f"a non-empty string or a list of up to {MAX_STOP} of them", _is_stop,
+             lambda v: [v] if isinstance(v, str) else v),
+    "stop_token_ids": ("a list of token ids (ints >= 0)", lambda v: isinstance(v, list)
+                       and all(_is_token(t) for t in v), _keep),
+    "cache_salt": (f"a non-empty string of up to {MAX_SALT} characters",
+                   lambda v: isinstance(v, str) and 0 < len(v) <= MAX_SALT and is_text(v), _keep),
+}  # fmt: skip
+# Fields checked by code of their own: the job's limits (max_tokens, n), the endpoint's forms.
+_OWN_CHECKS = ("max_tokens", "n", "logprobs")
+
+
+def _line_form(spec: SamplingField) -> tuple[str, Callable[[Any], bool], Callable[[Any], Any]]:
+    """The line form of a field the line takes as the engine does: its kind and range, a float
+    field's value as a float."""
+    if spec.kind in ("int", "float"):
+        number = is_int if spec.kind == "int" else _is_num
+        convert = float if spec.kind == "float" else _keep
+        return spec.describe(), lambda v: number(v) and spec.admits(v), convert
+    if spec.kind == "bool":
+        return spec.describe(), lambda v: isinstance(v, bool), _keep
+    assert spec.kind == "choice", f"a {spec.kind} field needs a line form in _LINE_FORMS"
+    return spec.describe(), lambda v: any(_same(v, c) for c in spec.choices), _keep
+
+
+# Every sampling field checked by one rule, in field order: field -> (allowed, check, conversion).
+_RULES = {
+    name: _LINE_FORMS.get(name) or _line_form(spec)
+    for name, spec in LINE_FIELDS.items()
+    if name not in _OWN_CHECKS
+}
+
+
+def accepted(name: str) -> str:
+    """What a line may give for sampling field `name`, in the words of its check's error."""
+    if name in _RULES:
+        return _RULES[name][0]
+    return {
+        "max_tokens": "an integer in 1..max_model_len",
+        "n": "an integer in 1..16",
+        "logprobs": "chat: true or false; completions: 0, 1, true or false",
+    }[name]
