@@ -53,6 +53,7 @@ class KVCacheManager:
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config  # the pool's shape: its one owner (the runner reads the same)
+        self.block_size = config.block_size  # read per sequence per step; the config is frozen
         self.enable_prefix_caching = config.enable_prefix_caching
         self.pool = BlockPool(config.num_blocks)
         self.stats = PrefixCacheStats()
@@ -62,10 +63,6 @@ class KVCacheManager:
         # Swapped-out sequences hold host blocks instead: a table is on one side, never both.
         self.host = HostBlockPool(config.num_host_blocks) if config.num_host_blocks else None
         self._host_tables: dict[int, list[int]] = {}  # seq_id -> host block ids
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
 
     @property
     def num_blocks(self) -> int:
