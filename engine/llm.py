@@ -27,6 +27,7 @@ from .core.sequence import Sequence, SequenceStatus
 from .core.swap import host_blocks
 from .core.units import format_bytes
 from .cpu_threads import apply_threads, watch_threads
+from .models.quantization import plan_quantization, weight_stream
 from .models.registry import build_model
 from .models.source import resolve_model
 from .models.weights import iter_weights, load_tokenizer
@@ -89,13 +90,20 @@ class LLM:
             self.source = resolve_model(config.model, config.load_format)
             self.model_name = config.served_model_name or self.source.name
             self.hf_config = self.source.hf_config
-            self.model = build_model(self.hf_config, self.dtype, self.device)
-            if self.source.load_format == "dummy":
+            self.quantization = plan_quantization(
+                self.source, config.quantization, self.device, self.dtype
+            )
+            quantized = self.quantization.quantized
+            self.model = build_model(self.hf_config, self.dtype, self.device, quantized)
+            if quantized:
+                plan, source = self.quantization, self.source
+                self.model.load_weights(weight_stream(plan, source, self.model, config.seed))
+            elif self.source.load_format == "dummy":
                 self.model.init_dummy_weights(config.seed)
             else:
                 self.model.load_weights(iter_weights(self.source))
             self.model.eval()
-            self._packed_bytes = self.model.pack_weights()
+            self.model.pack_weights()
             self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None
         self.layout = KVLayout(
             self.model.num_layers,
@@ -164,7 +172,7 @@ class LLM:
     def _size_pool(self, c: EngineConfig) -> tuple[SchedulerConfig, CacheConfig]:
         """The step limits and the pool's shape for settings `c` on this device (profiled on
         CUDA), and the sizing figures of `memory`."""
-        weights = sum(p.nbytes for p in self.model.parameters()) + self._packed_bytes
+        weights = self.model.weights_bytes()
         self._sizing: dict = {"weights_bytes": weights, "utilization": None}
         total = _device_total(self.device) if self.device.type == "cuda" else 0
         if total:
@@ -259,13 +267,16 @@ class LLM:
     def _log_start(self, blocks: int, block_size: int) -> None:
         tokens = blocks * block_size
         logger.info(
-            "model %s (%s, %s, %s); KV cache: %d blocks x %d tokens = %d tokens, %s per token, %s",
+            "model %s (%s, %s, %s); weights %s, quantization %s; KV cache: %d blocks x %d "
+            "tokens = %d tokens, %s per token, %s",
             self.model_name,
             self.hf_config.architectures[0]
             if getattr(self.hf_config, "architectures", None)
             else "?",
             str(self.dtype).removeprefix("torch."),
             self.device,
+            format_bytes(self._sizing["weights_bytes"]),
+            self.quantization.describe(),
             blocks,
             block_size,
             tokens,

@@ -54,6 +54,7 @@ from torch import Tensor  # noqa: E402
 
 from . import reference  # noqa: E402
 from .paged_batch import PagedBatch  # noqa: E402
+from .quant import QuantizedWeight  # noqa: E402
 
 _NO_TRITON = (
     "the Triton kernels serve this call ({why}) and need the `triton` package, which is not "
@@ -283,6 +284,48 @@ def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tens
     return onednn.linear(x, packed, bias)
 
 
+def prepare_quantized(weight: QuantizedWeight) -> object:
+    """The form of a quantized weight (`kernels.quant`) that `quantized_linear` runs on the
+    weight's device, made once at load: `kernels.triton_quant`'s where the Triton kernels serve,
+    torch's CPU int4 layout for a 4-bit weight it takes (`kernels.quant_cpu`), else the weight
+    itself (dequantized a tile at a time per call)."""
+    if _triton_serves(weight.qdata.device):
+        with _needs_triton():
+            from . import triton_quant
+
+        return triton_quant.prepare(weight)
+    from . import quant_cpu
+
+    if weight.qdata.device.type == "cpu" and quant_cpu.int4_packs(weight):
+        return quant_cpu.pack_int4(weight)
+    return weight
+
+
+def quantized_linear(
+    x: Tensor, weight: object, bias: Tensor | None = None, batch_invariant: bool = False
+) -> Tensor:
+    """`x @ w.T (+ bias)` of a weight made by `prepare_quantized`, in x's dtype; with
+    `batch_invariant`, a row's bits depend on that row alone (torch's CPU int4 matmul is one
+    row at a time; `tests/test_quant_kernels.py` checks it)."""
+    from . import quant_cpu
+
+    if isinstance(weight, QuantizedWeight):
+        return quant_cpu.tiled_linear(x, weight, bias, invariant=batch_invariant)
+    if isinstance(weight, quant_cpu.Int4Packed):
+        return quant_cpu.int4_linear(x, weight, bias)
+    with _needs_triton():
+        from . import triton_quant
+
+    return triton_quant.linear(x, weight, bias, batch_invariant=batch_invariant)
+
+
+def quantized_embedding(ids: Tensor, weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
+    """The rows `ids` of a quantized embedding table, dequantized into `dtype`."""
+    from .quant import dequantize
+
+    return dequantize(weight.rows(ids), dtype)
+
+
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> None:
     """Neox rotary embedding in place on q and k; contract in `kernels.reference.rotary`."""
     if _use_triton(q):
@@ -348,6 +391,7 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
 __all__ = [
     "JitClock",
     "PagedBatch",
+    "QuantizedWeight",
     "batch_invariant_serves",
     "empty_kv_cache",
     "graph_capturable",
@@ -355,6 +399,9 @@ __all__ = [
     "pack_linear_weight",
     "packed_linear",
     "paged_attention",
+    "prepare_quantized",
+    "quantized_embedding",
+    "quantized_linear",
     "rms_norm",
     "rotary",
     "rotary_write_kv",

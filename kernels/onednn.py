@@ -18,12 +18,14 @@ PACK_ROWS = 32  # the batch the packed layout is chosen for (a decode batch); an
 
 def packs(weight: Tensor) -> bool:
     """Whether `weight` (`[out, in]`) is packed for oneDNN: a bfloat16 CPU tensor, where torch
-    was built with oneDNN."""
+    was built with oneDNN and the CPU has its bfloat16 instructions (AVX-512 or AVX-NE-CONVERT;
+    an AVX2-only CPU keeps `F.linear`)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
 
 

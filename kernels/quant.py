@@ -21,6 +21,7 @@ weight (min-max, asymmetric for 4 bits, symmetric for 8).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -102,7 +103,7 @@ def integers(weight: QuantizedWeight) -> Tensor:
 
 
 def pack_int4(q: Tensor) -> Tensor:
-    """Unsigned 4-bit integers `[out, in]` (any integer dtype) into `qdata` uint8 `[out, in // 2]`."""
+    """Unsigned 4-bit integers `[out, in]` (any integer dtype) as `qdata` (uint8 `[out, in//2]`)."""
     if q.shape[-1] % 2:
         raise ValueError(f"in_features must be even to pack 4-bit integers, got {q.shape[-1]}")
     q = q.to(torch.uint8)
@@ -153,3 +154,29 @@ def reference_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = N
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
+    """Stack weights of one input width along the output rows (a fused q/k/v or gate/up), each
+    brought exactly to the widest bits and the finest group of the set: 4-bit integers fit 8
+    bits, and a group's scale repeats over its finer groups. Scales in float32 unless all agree."""
+    bits = max(w.bits for w in weights)
+    group = math.gcd(*(w.group_size for w in weights))
+    dtypes = {w.scales.dtype for w in weights}
+    scale_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    with_offsets = any(w.offsets is not None for w in weights)
+    qdata, scales, offsets = [], [], []
+    for w in weights:
+        repeat = w.group_size // group
+        s = w.scales.to(scale_dtype).repeat_interleave(repeat, dim=1)
+        o = torch.zeros_like(s) if w.offsets is None else w.offsets.to(scale_dtype)
+        qdata.append(w.qdata if w.bits == bits else integers(w).to(torch.int8))
+        scales.append(s)
+        offsets.append(o.repeat_interleave(repeat, dim=1) if w.offsets is not None else o)
+    return QuantizedWeight(
+        bits,
+        group,
+        torch.cat(qdata),
+        torch.cat(scales),
+        torch.cat(offsets) if with_offsets else None,
+    )

@@ -20,6 +20,7 @@ from .units import parse_bytes
 BIG_CARD_BYTES = 70 * 2**30  # a card this large gets a serving engine's step limits
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+QUANTIZATIONS = ("auto", "checkpoint", "none", "int8", "int4")
 
 
 class ConfigError(ValueError):
@@ -80,6 +81,16 @@ class EngineConfig:
         "auto, safetensors, or dummy (random weights of the model's config).",
         "choice",
         choices=LOAD_FORMATS,
+        load=True,
+    )
+    quantization: str = setting(
+        "auto",
+        "Weights as integers: checkpoint (the checkpoint's own, e.g. a GGUF's blocks, as "
+        "stored), auto (checkpoint on CUDA, and on the CPU where the dequantized weights "
+        "would take over a quarter of its memory; else none), none (dequantize to --dtype), "
+        "int8 or int4 (from 16/32-bit weights at load, groups of 128).",
+        "choice",
+        choices=QUANTIZATIONS,
         load=True,
     )
     dtype: str = setting(

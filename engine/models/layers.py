@@ -18,9 +18,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...kernels import (
+    QuantizedWeight,
     invariant_linear,
     pack_linear_weight,
     packed_linear,
+    prepare_quantized,
+    quantized_embedding,
+    quantized_linear,
     rms_norm,
     silu_and_mul,
 )
@@ -28,24 +32,54 @@ from .registry import Family, UnsupportedModelError, family_of
 
 
 class Linear(nn.Module):
-    """`y = x @ W^T (+ b)` with uninitialised parameters (no costly init on construction)."""
+    """`y = x @ W^T (+ b)` with uninitialised parameters (no costly init on construction).
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    A quantized layer (`quantized=True`) has no float weight until one is loaded: `set_weight`
+    takes either a float tensor or a `QuantizedWeight` (kept as `quant`; `pack` prepares it for
+    the device's quantized matmul).
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, quantized: bool = False
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.in_features, self.out_features = in_features, out_features
+        weight = None if quantized else nn.Parameter(torch.empty(out_features, in_features))
+        self.weight = weight
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed: Tensor | None = None  # see `pack`
+        self.quant: QuantizedWeight | None = None  # the integer weight, where quantized
+        self.packed: object | None = None  # see `pack`
         self.batch_invariant = False  # rows computed alike whatever the batch (`deterministic`)
 
+    def set_weight(
+        self, weight: Tensor | QuantizedWeight, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        """Load a quantized layer's weight: a float tensor (cast to `dtype`) or a
+        `QuantizedWeight` (moved to `device`)."""
+        if isinstance(weight, QuantizedWeight):
+            self.quant, self.weight = weight.to(device), None
+        else:
+            self.weight = nn.Parameter(weight.to(device, dtype), requires_grad=False)
+            self.quant = None
+
     def pack(self) -> int:
-        """Keep a copy of the weight packed for a faster matmul with the same bits, where the
-        kernels have one (bfloat16 on the CPU); returns its bytes. Call again after the weight
-        changes."""
+        """Prepare the weight for the device's fastest matmul with it: a quantized weight for
+        `quantized_linear` (its prepared form replaces `quant`), a float one packed where the
+        kernels have a faster matmul with the same bits (bfloat16 on the CPU). Returns the bytes
+        of a packed copy kept beside a float weight. Call after the weight changes."""
+        if self.weight is None:
+            if self.quant is not None:  # the integers give way to their prepared form
+                self.packed, self.quant = prepare_quantized(self.quant), None
+            return 0
         self.packed = pack_linear_weight(self.weight)
         return 0 if self.packed is None else self.packed.nbytes
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the projection to the rows `[T, in_features]` of `x`."""
+        if self.weight is None:
+            if self.packed is None:
+                self.pack()
+            return quantized_linear(x, self.packed, self.bias, self.batch_invariant)
         if self.batch_invariant:
             return invariant_linear(x, self.weight, self.packed, self.bias)
         if self.packed is not None:
@@ -54,14 +88,23 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding table with an uninitialised weight `[vocab, hidden]`."""
+    """Token embedding table with an uninitialised weight `[vocab, hidden]`, or a quantized one
+    (`quant`, rows dequantized on lookup)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.quant: QuantizedWeight | None = None
+        self.dtype = self.weight.dtype  # of the rows a lookup returns
+
+    def set_quantized(self, weight: QuantizedWeight, device: torch.device) -> None:
+        """Keep the table as integers (`kernels.quant`) instead of floats."""
+        self.quant, self.weight = weight.to(device), None
 
     def forward(self, ids: Tensor) -> Tensor:
         """Look up the rows of `ids`."""
+        if self.quant is not None:
+            return quantized_embedding(ids, self.quant, self.dtype)
         return F.embedding(ids, self.weight)
 
 
@@ -85,10 +128,10 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """SwiGLU MLP with gate and up projections fused into one matmul: `down(silu(gate) * up)`."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, quantized: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, quantized=quantized)
+        self.down_proj = Linear(intermediate_size, hidden_size, quantized=quantized)
         self.batch_invariant = False  # rows computed alike whatever the batch (`deterministic`)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -185,6 +228,7 @@ class ModelSpec:
     qk_norm: bool
     tie_word_embeddings: bool
     rope: RopeConfig
+    quantized: bool = False  # projections built without float weights (integers load later)
 
 
 def model_spec(cfg: object) -> ModelSpec:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
+from ...kernels.quant import QuantizedWeight, concat_rows, dequantize
 from .attention import AttentionMetadata, KVCache, PagedAttention
 from .layers import (
     Embedding,
@@ -39,8 +41,9 @@ class SelfAttention(nn.Module):
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.head_dim = spec.head_dim
-        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias)
-        self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias)
+        q = spec.quantized
+        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias, q)
+        self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias, q)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = PagedAttention(
@@ -71,7 +74,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.self_attn = SelfAttention(spec)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.quantized)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -118,9 +121,10 @@ class LlamaForCausalLM(nn.Module):
         hf_config: object,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        quantized: bool = False,
     ) -> None:
         super().__init__()
-        spec = model_spec(hf_config)
+        spec = replace(model_spec(hf_config), quantized=quantized)
         self.spec = spec
         self._checkpoint = expected_weight_shapes(hf_config, spec.family)  # HF name -> shape
         self.num_layers, self.num_kv_heads = spec.num_layers, spec.num_kv_heads
@@ -129,8 +133,8 @@ class LlamaForCausalLM(nn.Module):
         with _default_dtype(dtype), torch.device(device):
             self.model = LlamaModel(spec)
         with _default_dtype(dtype), torch.device("meta" if spec.tie_word_embeddings else device):
-            self.lm_head = Linear(spec.hidden_size, spec.vocab_size)  # no memory when tied
-        if spec.tie_word_embeddings:
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, quantized=quantized)
+        if spec.tie_word_embeddings and not quantized:  # no memory of its own when tied
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
@@ -172,6 +176,9 @@ class LlamaForCausalLM(nn.Module):
         optional (the embedding is reused when it is absent or the config ties them). Raises
         `WeightLoadError` listing unknown, missing or misshapen names.
         """
+        if self.spec.quantized:
+            self._load_quantized(weights)
+            return
         slots = self._hf_slots()
         unused = self.spec.family.unused_weights
         loaded: set[str] = set()
@@ -201,6 +208,111 @@ class LlamaForCausalLM(nn.Module):
                 f"checkpoint does not match the model: unknown {_short(unknown)}, "
                 f"missing {_short(missing)}; check that config.json belongs to these weights"
             )
+
+    def _load_quantized(self, weights: Iterable[tuple[str, Tensor | QuantizedWeight]]) -> None:
+        """`load_weights` of a model built `quantized`: each projection takes its checkpoint
+        tensors whole, float or integer (`QuantizedWeight`), the parts of a fused one joined
+        once all have come (`concat_rows`); the embedding may be integers too. A tied output
+        layer reuses the embedding's table, integers included."""
+        linears = self._linear_targets()
+        slots = self._hf_slots()
+        unused = self.spec.family.unused_weights
+        device = self.model.norm.weight.device
+        tied = self.spec.tie_word_embeddings
+        pending: dict[str, list] = {}
+        loaded: set[str] = set()
+        unknown: list[str] = []
+        for name, w in weights:
+            if name.endswith(unused) or (name == "lm_head.weight" and tied):
+                continue
+            if name not in linears and name not in slots:
+                unknown.append(name)
+                continue
+            want = self._checkpoint[name]
+            if tuple(w.shape) != want:
+                kind = "quantized weight of float shape" if isinstance(w, QuantizedWeight) else ""
+                raise WeightLoadError(
+                    f"{name}: checkpoint {kind or 'shape'} {tuple(w.shape)} != model shape {want}"
+                    "; does config.json belong to these weights?"
+                )
+            loaded.add(name)
+            if name in linears:
+                module, index, count = linears[name]
+                parts = pending.setdefault(module, [None] * count)
+                parts[index] = w
+                if all(p is not None for p in parts):
+                    layer = self.get_submodule(module)
+                    layer.set_weight(_join(parts, self.dtype), device, self.dtype)
+                    del pending[module]
+            elif isinstance(w, QuantizedWeight) and name == "model.embed_tokens.weight":
+                self.model.embed_tokens.set_quantized(w, device)
+            else:
+                slots[name].copy_(dequantize(w) if isinstance(w, QuantizedWeight) else w)
+        embed = self.model.embed_tokens
+        if "lm_head.weight" not in loaded and "lm_head.weight" in linears:
+            head = embed.quant if embed.quant is not None else embed.weight.detach()
+            self.lm_head.set_weight(head, device, self.dtype)
+            if embed.quant is None:
+                self.lm_head.weight = embed.weight  # one table, not a copy
+            loaded.add("lm_head.weight")
+        missing = sorted((linears.keys() | slots.keys()) - loaded)
+        if unknown or missing:
+            raise WeightLoadError(
+                f"checkpoint does not match the model: unknown {_short(unknown)}, "
+                f"missing {_short(missing)}; check that config.json belongs to these weights"
+            )
+
+    def _linear_targets(self) -> dict[str, tuple[str, int, int]]:
+        """HF weight name -> (projection module, its part, parts) of every projection built
+        without a float weight (`quantized`)."""
+        fused = self.spec.family.fused
+        targets = {}
+        for name, module in self.named_modules():
+            if isinstance(module, Linear) and module.weight is None:
+                prefix, _, leaf = name.rpartition(".")
+                parts = fused.get(leaf, (leaf,))
+                for i, hf_leaf in enumerate(parts):
+                    targets[".".join(filter(None, (prefix, hf_leaf, "weight")))] = (
+                        name,
+                        i,
+                        len(parts),
+                    )
+        return targets
+
+    def dummy_weights(self, seed: int = 0) -> Iterator[tuple[str, Tensor]]:
+        """Random checkpoint tensors by Hugging Face name, made on the model's device (values as
+        `init_dummy_weights`'): for a model built `quantized`, to quantize as they load."""
+        device = self.model.norm.weight.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        for name, shape in self._checkpoint.items():
+            if name.endswith(self.spec.family.unused_weights):
+                continue
+            if name.endswith("norm.weight"):
+                yield name, torch.ones(shape, dtype=self.dtype, device=device)
+            elif name.endswith(".bias"):
+                yield name, torch.zeros(shape, dtype=self.dtype, device=device)
+            else:
+                w = torch.empty(shape, dtype=self.dtype, device=device)
+                yield name, w.normal_(0.0, 0.02, generator=gen)
+
+    def weights_bytes(self) -> int:
+        """Bytes the weights take on the device: float parameters once each (a tied table once),
+        integer tables and the prepared forms of quantized projections."""
+        total = sum(p.nbytes for p in self.parameters())
+        embed = self.model.embed_tokens.quant
+        seen = set()
+        if embed is not None:
+            total += embed.nbytes
+            seen.add(embed.qdata.data_ptr())
+        for m in self.modules():
+            if isinstance(m, Linear) and m.weight is not None and m.packed is not None:
+                total += m.packed.nbytes  # a float weight's packed copy, kept beside it
+            elif isinstance(m, Linear) and m.weight is None:
+                form = m.packed if m.packed is not None else m.quant
+                ptr = getattr(getattr(form, "qdata", None), "data_ptr", lambda: None)()
+                if form is not None and ptr not in seen:
+                    total += form.nbytes
+        return total
 
     def init_dummy_weights(self, seed: int = 0) -> None:
         """Random weights for benchmarks: normal(0, 0.02) matrices, zero biases, unit norms."""
@@ -232,6 +344,16 @@ class LlamaForCausalLM(nn.Module):
             if leaf not in fused:
                 slots[name] = param.detach()
         return slots
+
+
+def _join(parts: list[Tensor | QuantizedWeight], dtype: torch.dtype) -> Tensor | QuantizedWeight:
+    """The parts of a fused projection as one weight: integers if all are (`concat_rows`),
+    else floats (a part stored as floats makes the whole projection float)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, QuantizedWeight) for p in parts):
+        return concat_rows(parts)
+    return torch.cat([dequantize(p, dtype) if isinstance(p, QuantizedWeight) else p for p in parts])
 
 
 @contextmanager

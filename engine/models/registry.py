@@ -235,11 +235,14 @@ def gguf_family(arch: object) -> Family:
     return by_arch[arch]
 
 
-def build_model(hf_config: object, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
-    """The decoder that runs `hf_config`'s family, its weights uninitialised (imports torch)."""
+def build_model(
+    hf_config: object, dtype: torch.dtype, device: torch.device | str, quantized: bool = False
+) -> nn.Module:
+    """The decoder that runs `hf_config`'s family, its weights uninitialised (imports torch);
+    `quantized`: its projections wait for integer weights (no float copy is allocated)."""
     module, _, name = family_of(hf_config).model_class.rpartition(".")
     model_class = getattr(importlib.import_module(f"{__package__}.{module}"), name)
-    return model_class(hf_config, dtype, device)
+    return model_class(hf_config, dtype, device, quantized=quantized)
 
 
 def expected_weight_shapes(

@@ -49,7 +49,7 @@ def _find(model: str | None, load_format: str) -> ModelSource:
     if path.is_dir():
         return source_from_folder(model, path, weights=load_format != "dummy")
     if path.is_file() and path.suffix == ".gguf":
-        return source_from_folder(model, convert_gguf_cached(path))
+        return replace(source_from_folder(model, convert_gguf_cached(path)), gguf_file=path)
     if path.is_file() and path.suffix == ".json":
         return ModelSource(model, load_config(path), "dummy", None, None)
     if path.is_file():

