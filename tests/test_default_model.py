@@ -13,7 +13,9 @@ import subprocess
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -265,8 +267,10 @@ def write_gguf(
     model: PreTrainedModel,
     arch: str | None = None,
     extra: dict[str, np.ndarray] | None = None,
+    quant: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None] | None = None,
 ) -> Path:
-    """A GGUF as llama.cpp would write `model` (float32 tensors, byte-level BPE vocabulary)."""
+    """A GGUF as llama.cpp would write `model` (float32 tensors, byte-level BPE vocabulary);
+    `quant(gguf name, float32 array)` may give a tensor's blocks and GGML type instead."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     c = model.config
@@ -301,7 +305,11 @@ def write_gguf(
         proj = name.split(".")[-2]
         if c.model_type == "llama" and proj in heads:
             w = llama_cpp_rows(w, heads[proj])
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
+        blocks = quant(gguf_name(name), w) if quant else None
+        if blocks is None:
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
+        else:
+            writer.add_tensor(gguf_name(name), blocks[0], raw_dtype=blocks[1])
     for name, w in (extra or {}).items():
         writer.add_tensor(name, w)
     writer.write_header_to_file()
