@@ -30,7 +30,7 @@ from .cpu_threads import apply_threads, watch_threads
 from .models.quantization import plan_quantization, weight_stream
 from .models.registry import build_model
 from .models.source import resolve_model
-from .models.weights import iter_weights, load_tokenizer
+from .models.weights import load_tokenizer
 from .outputs import RequestOutput
 from .requests import PromptInput, RequestTracker
 from .runner.containment import execute_contained
@@ -95,13 +95,11 @@ class LLM:
             )
             quantized = self.quantization.quantized
             self.model = build_model(self.hf_config, self.dtype, self.device, quantized)
-            if quantized:
-                plan, source = self.quantization, self.source
-                self.model.load_weights(weight_stream(plan, source, self.model, config.seed))
-            elif self.source.load_format == "dummy":
+            if self.source.load_format == "dummy" and not quantized:
                 self.model.init_dummy_weights(config.seed)
             else:
-                self.model.load_weights(iter_weights(self.source))
+                plan, source = self.quantization, self.source
+                self.model.load_weights(weight_stream(plan, source, self.model, config.seed))
             self.model.eval()
             self.model.pack_weights()
             self.tokenizer = load_tokenizer(self.source) if self.source.tokenizer_dir else None

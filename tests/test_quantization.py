@@ -239,3 +239,59 @@ def test_integers_unpack_what_pack_wrote() -> None:
     q = torch.randint(0, 16, (8, 64))
     w = QuantizedWeight(4, 32, (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8), torch.ones(8, 2))
     assert torch.equal(integers(w), q.to(torch.int16))
+
+
+FOLDERS = {
+    "awq": ("awq", {}),
+    "gptq-4bit": ("gptq", {}),
+    "gptq-8bit": ("gptq", {"bits": 8}),
+    "ct-w4a16": ("ct", {}),
+    "ct-w8a16": ("ct", {"bits": 8, "group_size": None}),
+}
+
+
+@pytest.mark.parametrize("case", list(FOLDERS))
+def test_a_quantized_folder_runs_as_stored_like_its_dequantized_model(
+    tmp_path: Path, case: str
+) -> None:
+    """A folder written as AutoAWQ, GPTQModel or llm-compressor write it: its integers as stored
+    against the same integers dequantized at load."""
+    import json
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tests.quant_writers import write_awq, write_compressed_tensors, write_gptq
+    from tests.tiny_models import COMMON
+
+    writer, options = FOLDERS[case]
+    config = LlamaConfig(
+        **{**COMMON, "hidden_size": 256, "intermediate_size": 512},
+        architectures=["LlamaForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    write = {"awq": write_awq, "gptq": write_gptq, "ct": write_compressed_tensors}[writer]
+    write(tmp_path, model.state_dict(), json.loads(config.to_json_string()), **options)
+    settings = dict(device="cpu", dtype="float32", num_gpu_blocks_override=64)
+    packed = LLM(str(tmp_path), quantization="checkpoint", **settings)
+    floats = LLM(str(tmp_path), quantization="none", **settings)
+    assert packed.quantization.method == packed.quantization.stored.method
+    assert floats.quantization.method == "none"
+    assert packed.memory["weights_bytes"] < floats.memory["weights_bytes"]
+    got, want = _greedy(packed, PROMPTS), _greedy(floats, PROMPTS)
+    assert _agreement(got, want) >= 0.75, (case, got, want)
+
+
+def test_requantizing_a_quantized_folder_is_refused(tmp_path: Path) -> None:
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.quant_writers import write_awq
+    from tests.tiny_models import tiny_config
+
+    config = tiny_config("llama")
+    write_awq(tmp_path, AutoModelForCausalLM.from_config(config).state_dict(),
+              json.loads(config.to_json_string()))  # fmt: skip
+    with pytest.raises(ConfigError, match="already quantized"):
+        LLM(str(tmp_path), quantization="int8", device="cpu")

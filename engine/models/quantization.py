@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...kernels.quant import QuantizedWeight, quantize
+from ...kernels.quant import QuantizedWeight, dequantize, quantize
 from ..core.config import QUANTIZATIONS, ConfigError
-from .weights import ModelSource, iter_weights
+from .quant_formats import CheckpointQuant, checkpoint_quant, read_layer
+from .registry import UnsupportedModelError
+from .weights import ModelSource, iter_weights, weight_files
 
 CPU_FLOAT_SHARE = 0.25  # of the machine's memory dequantized weights may take under `auto`
 GROUP_SIZES = (128, 64, 32)  # of on-the-fly quantization, the first that divides the width
@@ -32,12 +34,16 @@ class QuantPlan:
     """How a model's weights load.
 
     Attributes:
-        method: "none" (floats), "gguf" (a GGUF's blocks as stored), "int8" or "int4".
+        method: "none" (floats), "gguf" (a GGUF's blocks as stored), "awq", "gptq",
+            "compressed-tensors" (a folder's integers as stored), "int8" or "int4".
         source_types: a GGUF's tensor types and counts (empty otherwise).
+        stored: a folder's own quantization (`quant_formats`), read as stored or, with
+            method "none", dequantized.
     """
 
     method: str
     source_types: tuple[tuple[str, int], ...] = ()
+    stored: CheckpointQuant | None = None
 
     @property
     def quantized(self) -> bool:
@@ -50,6 +56,9 @@ class QuantPlan:
             return f"gguf ({types})"
         if self.method in ("int8", "int4"):
             return f"{self.method} g{GROUP_SIZES[0]} (at load)"
+        if self.stored is not None:
+            how = "dequantized" if self.method == "none" else "as stored"
+            return f"{self.stored.describe()} ({how})"
         return "none"
 
 
@@ -68,7 +77,7 @@ def plan_quantization(
             f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {setting!r}"
         )
     if setting == "none":
-        return QuantPlan("none")
+        return QuantPlan("none", stored=_folder_quant(source))
     if source.gguf_file is not None and source.load_format != "dummy":
         from .gguf_quant import QUANT_TYPES, check_types
 
@@ -83,9 +92,27 @@ def plan_quantization(
             f"{source.gguf_file.name} is already quantized; use --quantization auto (its own "
             f"blocks) or none, not {setting}"
         )
+    stored = _folder_quant(source)
+    if stored is not None:
+        if setting in ("int8", "int4"):
+            raise ConfigError(
+                f"{source.name} is already quantized ({stored.describe()}); use --quantization "
+                f"auto (its own integers) or none, not {setting}"
+            )
+        if setting == "auto" and device.type == "cpu" and _floats_fit(source, dtype):
+            return QuantPlan("none", stored=stored)
+        return QuantPlan(stored.method, stored=stored)
     if setting in ("auto", "checkpoint"):
         return QuantPlan("none")
     return QuantPlan(setting)
+
+
+def _folder_quant(source: ModelSource) -> CheckpointQuant | None:
+    """The `quantization_config` of a folder's config.json, checked (None without one)."""
+    if source.load_format == "dummy":
+        return None
+    config = getattr(source.hf_config, "quantization_config", None)
+    return checkpoint_quant({"quantization_config": config}) if config else None
 
 
 def _floats_fit(source: ModelSource, dtype: torch.dtype) -> bool:
@@ -110,6 +137,9 @@ def weight_stream(
             source.gguf_file, spec.num_heads, spec.num_kv_heads, spec.family.gguf_unpermute_qk
         )
         return
+    if plan.stored is not None:
+        yield from _folder_weights(plan, source, model.dtype)
+        return
     weights = model.dummy_weights(seed) if source.load_format == "dummy" else iter_weights(source)
     if plan.method in ("int8", "int4"):
         weights = _quantize_projections(weights, 8 if plan.method == "int8" else 4)
@@ -126,3 +156,42 @@ def _quantize_projections(
             yield name, quantize(w, bits, group)
         else:
             yield name, w
+
+
+def _folder_weights(
+    plan: QuantPlan, source: ModelSource, dtype: torch.dtype
+) -> Iterator[tuple[str, Tensor | QuantizedWeight]]:
+    """A quantized folder's tensors: each quantized layer's stored tensors read into one
+    `QuantizedWeight` (`read_layer`) once all have come, dequantized to `dtype` under plan
+    "none"; the other tensors as they are."""
+    from safetensors import safe_open
+
+    from .registry import expected_weight_shapes
+
+    quant = plan.stored
+    shapes = expected_weight_shapes(source.hf_config)
+    files = weight_files(source.weights_dir)
+    keys: dict[str, set[str]] = {}  # a quantized layer -> the suffixes the files hold for it
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                layer, _, suffix = key.rpartition(".")
+                if suffix in quant.suffixes and quant.quantized(layer):
+                    keys.setdefault(layer, set()).add(suffix)
+    pending: dict[str, dict[str, Tensor]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118
+                layer, _, suffix = key.rpartition(".")
+                if layer not in keys:
+                    yield key, f.get_tensor(key)
+                    continue
+                parts = pending.setdefault(layer, {})
+                parts[suffix] = f.get_tensor(key)
+                if parts.keys() == keys[layer]:
+                    name = f"{layer}.weight"
+                    if name not in shapes:
+                        raise UnsupportedModelError(f"{layer}: a quantized layer the model lacks")
+                    out_features, in_features = shapes[name]
+                    w = read_layer(quant, layer, pending.pop(layer), out_features, in_features)
+                    yield name, w if plan.method != "none" else dequantize(w, dtype)
