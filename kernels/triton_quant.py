@@ -15,19 +15,22 @@ into float32 exactly without a conversion instruction (the integer ORed into the
 2^23, then 2^23 subtracted: integer/float conversions run at a fraction of the FP32 rate,
 which would bound a decode step's dequantization below the memory's speed), applies the group's
 scale and offset in float32 (one fused multiply-add) and rounds once to the dot's dtype; the dot
-accumulates in float32. Per-channel weights (`group_size == in_features`) skip the scale in the
-loop: the dot takes the integers themselves (exact in float16 and bfloat16) and the epilogue
-applies `scale * acc + offset * sum(x)` once.
+accumulates in float32. Per-channel weights without offsets (`group_size == in_features`)
+skip the scale in the loop: the dot takes the integers themselves (exact in float16 and
+bfloat16) and the epilogue multiplies by the row's scale once. (With offsets they dequantize in
+the loop as groups do: folding the offset in after the loop as `offset * sum(x)` needs each
+row's sum of `x` beside the dot, which Triton 3.6 got wrong on an H100.)
 
 The dot runs in `x`'s dtype: float16 on tensor cores (FMA dots on sm_75, where Triton issues no
 MMA), bfloat16 from sm_80 (not on sm_75: `linear` refuses it), and float32 `x` as TF32 on sm_80+
 (float32 range, float16's 10-bit mantissa; IEEE float32 on sm_75 and in the interpreter).
 
-Split-K (`SPLIT_K > 1`, decode-sized calls whose tiles leave SMs idle): each split stores its
-float32 partial tile, and the last split of a tile to arrive (an atomic counter per tile, left
-zero for the next call) sums all partials in split order, so the result does not depend on the
-arrival order. `batch_invariant=True` runs one config per weight and never splits: a row's bits
-do not depend on the other rows of the call (the engine's `deterministic` setting).
+Split-K (`SPLIT_K > 1`, calls whose tiles leave SMs idle: decode steps, narrow weights): each
+split stores its float32 partial tile, and the last split of a tile to arrive (an atomic
+counter per tile, left zero for the next call) sums all partials in split order, so the result
+does not depend on the arrival order. `batch_invariant=True` runs one config per weight and
+never splits: a row's bits do not depend on the other rows of the call (the engine's
+`deterministic` setting).
 """
 
 from __future__ import annotations
@@ -48,9 +51,14 @@ from .triton_splits import _split_counters
 # Per family, (most rows, config) by increasing row count: a call takes the first entry whose
 # bound holds. Decode-sized calls take 16-column tiles (the MMA's narrow side) and long steps
 # (a weight tile of 64 rows x 128 features is 4 KB at 4 bits), prefill the compute-bound shape.
-# sm75 has no software pipelining and 64 KB of shared memory a program (FMA dots).
+# sm90's decode tile: of 12 (32/64/128 rows x 128/256 features x 3/4 stages) timed on an H100 at
+# 1 row, 128 x 256 was 17% faster on Llama-3-8B's o_proj and 1.9x slower on Qwen2.5-0.5B's, 64 x
+# 128 within 2% of the best there. sm80 carries sm90's tiles over and sm75 (FMA dots, no
+# software pipelining, 64 KB of shared memory a program, decode tiles as narrow as the rows) is
+# the design's starting point: no sm_80 or sm_75 card was lent to measure them.
 CONFIGS: dict[str, list[tuple[int | None, MatmulConfig]]] = {
     "sm75": [
+        (4, MatmulConfig(block_m=4, block_n=64, block_k=64, num_warps=4, num_stages=1)),
         (16, MatmulConfig(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=1)),
         (None, MatmulConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=1)),
     ],
@@ -79,9 +87,13 @@ INTERPRETER_CONFIGS: list[tuple[int | None, MatmulConfig]] = [
 ]
 INTERPRETER_INVARIANT = MatmulConfig(64, 64, 64, num_warps=4, num_stages=1, min_block_n=64)
 
+# Split-K: up to this many splits, filling the SMs up to this many programs each, each split at
+# least this many steps long. On an H100 at 1 row (4 bits, groups of 128), 8 splits of Llama-3-8B's
+# o_proj (512 programs) and 7 one-step splits of Qwen2.5-0.5B's (98) were within 2% of the fastest
+# forced count; 2 programs an SM and 2 steps a split (4 and 3 splits) were 14% and 36% slower.
 MAX_SPLIT_K = 16
-SPLIT_PROGRAMS_PER_SM = 2  # split-K fills the SMs up to this many programs each
-MIN_SPLIT_STEPS = 2  # reduction steps of a split, at least
+SPLIT_PROGRAMS_PER_SM = 4
+MIN_SPLIT_STEPS = 1
 
 
 @dataclass(frozen=True)
@@ -119,7 +131,14 @@ class TritonQuantWeight:
 
 
 def prepare(weight: QuantizedWeight) -> TritonQuantWeight:
-    """`weight` in `linear`'s layout, on its device (once, at load)."""
+    """`weight` in `linear`'s layout, on its device (once, at load). Groups of a power of 2 or
+    of a multiple of 16 features, or one group a row."""
+    group, in_features = weight.group_size, weight.shape[1]
+    if group != in_features and group & (group - 1) and (group & -group) < 16:
+        raise ValueError(
+            f"group_size {group} is neither a power of 2, a multiple of 16 nor in_features "
+            f"({in_features}): the Triton kernels cannot run it; dequantize the weight instead"
+        )
     offsets = None if weight.offsets is None else weight.offsets.t().contiguous()
     return TritonQuantWeight(
         weight.bits,
@@ -151,11 +170,11 @@ def plan(
     """The launch of a call of `rows` rows on a device (`capability` None: the interpreter).
 
     The config: the family's entry for `rows` (`config` overrides it). The reduction step:
-    the config's, or the power of 2 at or above `in_features` where that is shorter. Split-K
-    only where the call's tiles leave SMs idle: as many splits as fill them up to
-    SPLIT_PROGRAMS_PER_SM programs each, none shorter than MIN_SPLIT_STEPS steps (`split_k`
-    overrides the count); never an empty split. Batch-invariant calls take the family's one
-    config (its column tile narrowed for narrow weights) and no split.
+    the config's, shorter where `_block_k` says. Split-K only where the call's tiles leave SMs
+    idle: as many splits as fill them up to SPLIT_PROGRAMS_PER_SM programs each, none shorter
+    than MIN_SPLIT_STEPS steps (`split_k` overrides the count); never an empty split.
+    Batch-invariant calls take the family's one config (its column tile narrowed for narrow
+    weights) and no split.
     """
     out_features, in_features = weight.shape
     if config is not None:
@@ -166,7 +185,7 @@ def plan(
     else:
         table = CONFIGS[family(capability)] if capability else INTERPRETER_CONFIGS
         cfg = next(c for most, c in table if most is None or rows <= most)
-    block_k = min(cfg.block_k, triton.next_power_of_2(in_features))
+    block_k = _block_k(cfg.block_k, in_features, weight.group_size)
     steps = triton.cdiv(in_features, block_k)
     tiles = triton.cdiv(rows, cfg.block_m) * triton.cdiv(out_features, cfg.block_n)
     if batch_invariant:
@@ -180,6 +199,15 @@ def plan(
         split = 1
     per_split = triton.cdiv(steps, split)
     return Plan(cfg, block_k, triton.cdiv(steps, per_split), per_split)  # no split left empty
+
+
+def _block_k(widest: int, in_features: int, group: int) -> int:
+    """Input features a reduction step takes: at most `widest`, no more than the power of 2 at
+    or above `in_features`; for groups of no power of 2, a power of 2 that divides the group
+    (so that every step lies in one group)."""
+    if group != in_features and group & (group - 1):
+        return min(widest, group & -group)
+    return min(widest, triton.next_power_of_2(in_features))
 
 
 def linear(
@@ -271,7 +299,7 @@ def _quant_matmul(
     SPLIT_K: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    PER_CHANNEL: tl.constexpr = GROUP == K
+    SCALE_AFTER: tl.constexpr = GROUP == K and not HAS_OFFSETS  # the dot takes the integers
     PACK: tl.constexpr = 8 // BITS  # integers a byte
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     NSUB: tl.constexpr = max(1, BLOCK_K // GROUP)  # groups a step spans
@@ -287,7 +315,6 @@ def _quant_matmul(
     kq = tl.arange(0, BLOCK_K // PACK)
     sub = tl.arange(0, NSUB)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    x_sum = tl.zeros([BLOCK_M], tl.float32)  # per-channel offsets: sum(x) of each row
     k_begin = split * STEPS_PER_SPLIT * BLOCK_K
     k_end = tl.minimum(k_begin + STEPS_PER_SPLIT * BLOCK_K, K)
     for k0 in range(k_begin, k_end, BLOCK_K):
@@ -300,23 +327,21 @@ def _quant_matmul(
             q_ok = (k0 + kq * PACK < K)[None, :]
             qv = tl.load(q_at + (k0 // PACK + kq)[None, :], mask=q_ok, other=0)
         w = _integers(qv, BITS, BLOCK_N, BLOCK_K)
-        if PER_CHANNEL:
-            if HAS_OFFSETS:
-                x_sum += tl.sum(xt.to(tl.float32), axis=0)
-        else:
+        if not SCALE_AFTER:
             g = k0 // GROUP + sub
             g_ok = (g < K // GROUP)[None, :]  # all true where EVEN_K
             scale = tl.load(s_ptr + col + g[None, :] * N, mask=g_ok, other=0.0)  # [BLOCK_N, NSUB]
-            w = tl.reshape(w, (BLOCK_N, NSUB, SUB)) * scale.to(tl.float32)[:, :, None]
+            scale = scale.to(tl.float32)[:, :, None]
+            w = tl.reshape(w, (BLOCK_N, NSUB, SUB))
             if HAS_OFFSETS:
                 offset = tl.load(o_ptr + col + g[None, :] * N, mask=g_ok, other=0.0)
-                w += offset.to(tl.float32)[:, :, None]
+                w = tl.fma(w, scale, offset.to(tl.float32)[:, :, None])
+            else:
+                w *= scale
             w = tl.reshape(w, (BLOCK_N, BLOCK_K))
         acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=DOT_PREC)
-    if PER_CHANNEL:
+    if SCALE_AFTER:
         acc *= tl.load(s_ptr + col).to(tl.float32)
-        if HAS_OFFSETS:
-            acc += tl.load(o_ptr + col).to(tl.float32) * x_sum[None, :]
     if SPLIT_K == 1:
         _store_tile(out_ptr, b_ptr, acc, rows, cols, num_rows, N, HAS_BIAS)
     else:
