@@ -359,7 +359,14 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return LLM(bundled_model(), device="cpu", dtype="float32", block_size=16, debug=True)
+    return LLM(
+        bundled_model(),
+        device="cpu",
+        dtype="float32",
+        block_size=16,
+        debug=True,
+        quantization="none",
+    )
 
 
 def test_bundled_model_beam_search_matches_transformers(smol):

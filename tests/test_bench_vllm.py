@@ -196,7 +196,7 @@ def test_real_vllm_gives_the_engines_greedy_tokens() -> None:  # pragma: no cove
     from pagedctl.engine import LLM, SamplingParams
 
     prompts = [[1, 504, 3458, 282, 2135], [1, 339, 1173, 314]]
-    llm = LLM(bundled_model(), device="cpu", dtype="float32")
+    llm = LLM(bundled_model(), device="cpu", dtype="float32", quantization="none")
     ours = [
         o.outputs[0].token_ids
         for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12))

@@ -249,3 +249,43 @@ def test_bench_command_writes_its_figure(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["requests"] == 5000 and doc["environment"]["python"]
     assert doc["total_s"] > 0 and len(doc["results"]) == 3
+
+
+def test_quantization_shrinks_the_weights_and_grows_the_pool(tmp_path: Path) -> None:
+    """`--quantization int4/int8` count the projections' packed bytes (the engine's own
+    estimate, `planned_weights_bytes`), and the pool gets what they free; `auto` on a 16-bit
+    config is `none`; a config that is already quantized is refused int4 by name, and `auto`
+    keeps its integers on a card too small for its floats."""
+    base = ["--model", "qwen2.5-0.5b-instruct", "--gpu", "t4", "--no-sim", "--out", tmp_path]
+    docs = {}
+    for q in ("auto", "int8", "int4"):
+        code, out = invoke(*base, "--quantization", q, "--name", q)
+        assert code == 0, out
+        docs[q] = result(tmp_path, q)
+    mem = {q: d["memory"] for q, d in docs.items()}
+    assert mem["auto"]["quantization"] == "none" and mem["int4"]["quantization"] == "int4"
+    w = {q: m["weights_bytes"] for q, m in mem.items()}
+    assert w["int4"] < w["int8"] < w["auto"]
+    blocks = {q: d["sections"]["pool"][0]["num_blocks"] for q, d in docs.items()}
+    assert blocks["auto"] < blocks["int8"] < blocks["int4"]
+    assert "(quantization int4)" in " ".join(docs["int4"]["header"])
+    code, out = invoke(*base, "--quantization", "int3")
+    assert code == 64 and "one of auto, checkpoint, none, int8, int4" in out
+
+    from pagedctl.engine import list_presets
+
+    config = json.loads(Path(list_presets()["llama-3.2-1b"]).read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                     "desc_act": False, "sym": True}  # fmt: skip
+    gptq = tmp_path / "gptq.json"
+    gptq.write_text(json.dumps(config))
+    card = ["--model", gptq, "--no-sim", "--out", tmp_path]
+    code, out = invoke(*card, "--device-memory", "4GiB", "--name", "small")
+    assert code == 0, out
+    code, out = invoke(*card, "--device-memory", "80GiB", "--name", "large")
+    assert code == 0, out
+    small, large = result(tmp_path, "small")["memory"], result(tmp_path, "large")["memory"]
+    assert (small["quantization"], large["quantization"]) == ("gptq", "none")
+    assert small["weights_bytes"] < 0.5 * large["weights_bytes"]  # embeddings stay 16-bit
+    code, out = invoke(*card, "--device-memory", "4GiB", "--quantization", "int4")
+    assert code == 64 and "already quantized (gptq)" in out

@@ -133,7 +133,7 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return LLM(bundled_model(), device="cpu", dtype="float32", block_size=16)
+    return LLM(bundled_model(), device="cpu", dtype="float32", block_size=16, quantization="none")
 
 
 def test_bundled_model_matches_transformers_on_chat_prompts(smol):

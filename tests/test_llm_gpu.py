@@ -186,8 +186,8 @@ def test_bundled_model_greedy_on_gpu_matches_the_cpu_path():
         pytest.skip("the bundled model is not on this machine (set PAGEDCTL_TEST_GGUF)")
     chats = [[{"role": "user", "content": c}] for c in BUNDLED_PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=64)
-    gpu = LLM(model, device="cuda", dtype="float32", num_blocks=512)
-    cpu = LLM(model, device="cpu", dtype="float32", num_blocks=512)
+    gpu = LLM(model, device="cuda", dtype="float32", num_blocks=512, quantization="none")
+    cpu = LLM(model, device="cpu", dtype="float32", num_blocks=512, quantization="none")
     got = [o.outputs[0].token_ids for o in gpu.chat(chats, params)]
     want = [o.outputs[0].token_ids for o in cpu.chat(chats, params)]
     assert got == want

@@ -295,3 +295,79 @@ def test_requantizing_a_quantized_folder_is_refused(tmp_path: Path) -> None:
               json.loads(config.to_json_string()))  # fmt: skip
     with pytest.raises(ConfigError, match="already quantized"):
         LLM(str(tmp_path), quantization="int8", device="cpu")
+
+
+def test_auto_keeps_integers_on_the_cpu_and_dequantizes_small_models_on_cuda(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`auto` by device: the CPU runs a GGUF's blocks as stored; a card dequantizes a model
+    whose float weights take at most half its memory and keeps the integers of one that does
+    not (the card's memory faked here: the rule reads only its size)."""
+    from types import SimpleNamespace
+
+    from pagedctl.engine.models.quantization import plan_quantization
+    from pagedctl.engine.models.source import resolve_model
+
+    source = resolve_model(str(_quantized_gguf(home / "tiny-Q8_0.gguf", "Q8_0")))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert plan_quantization(source, "auto", cpu, torch.float32).method == "gguf"
+    assert plan_quantization(source, "none", cpu, torch.float32).method == "none"
+    for total, method in [(2**40, "none"), (2**10, "gguf")]:
+        card = SimpleNamespace(total_memory=total)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d, card=card: card)
+        assert plan_quantization(source, "auto", cuda, torch.float16).method == method, total
+        assert plan_quantization(source, "checkpoint", cuda, torch.float16).method == "gguf"
+
+
+def _held_bytes(llm_plan, source, dtype_bytes: int) -> int:
+    """What the loader yields for `source`: the QuantizedWeights' bytes and floats at
+    `dtype_bytes` each."""
+    from types import SimpleNamespace
+
+    from pagedctl.engine.models.layers import model_spec
+    from pagedctl.engine.models.quantization import weight_stream
+
+    model = SimpleNamespace(spec=model_spec(source.hf_config), dtype=torch.float16)
+    total = 0
+    for _, w in weight_stream(llm_plan, source, model, 0):
+        total += w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * dtype_bytes
+    return total
+
+
+@pytest.mark.parametrize("case", ["Q4_0", "Q4_K", "Q6_K", "int8", "int4", *FOLDERS])
+def test_planned_weight_bytes_are_what_the_loader_yields(home: Path, case: str) -> None:
+    """`planned_weights_bytes` (what `pagedctl capacity` counts before anything loads) against
+    the bytes of the weights the loader yields, exactly."""
+    import json
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from pagedctl.engine.models.quantization import plan_quantization, planned_weights_bytes
+    from pagedctl.engine.models.registry import expected_weight_shapes
+    from pagedctl.engine.models.source import resolve_model
+    from tests.quant_writers import write_awq, write_compressed_tensors, write_gptq
+    from tests.tiny_models import COMMON
+
+    if case.startswith("Q"):
+        path = _quantized_gguf(home / f"tiny-{case}.gguf", case)
+    elif case in ("int8", "int4"):
+        path = save_llama(home / "tiny", hidden_size=256, intermediate_size=512)
+    else:
+        writer, options = FOLDERS[case]
+        config = LlamaConfig(
+            **{**COMMON, "hidden_size": 256, "intermediate_size": 512},
+            architectures=["LlamaForCausalLM"],
+        )
+        torch.manual_seed(0)
+        state = AutoModelForCausalLM.from_config(config).state_dict()
+        write = {"awq": write_awq, "gptq": write_gptq, "ct": write_compressed_tensors}[writer]
+        path = home / case
+        write(path, state, json.loads(config.to_json_string()), **options)
+    source = resolve_model(str(path))
+    setting = case if case in ("int8", "int4") else "checkpoint"
+    plan = plan_quantization(source, setting, torch.device("cpu"), torch.float16)
+    assert plan.method != "none"
+    shapes = expected_weight_shapes(source.hf_config)
+    want = _held_bytes(plan, source, 2)
+    got = planned_weights_bytes(shapes, plan.method, 2, plan.stored, source.gguf_file)
+    assert got == want, (case, got, want)

@@ -30,6 +30,15 @@ if TYPE_CHECKING:
     from gguf import ReaderTensor
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
+# Bytes a weight of each type takes once read (the table above, "here"): integers, scales, offsets.
+HELD_BYTES = {
+    "Q4_0": 0.625,
+    "Q4_1": 0.625,
+    "Q4_K": 0.75,
+    "Q5_K": 1.25,
+    "Q6_K": 1.25,
+    "Q8_0": 1.0625,
+}
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -150,6 +159,18 @@ _READERS = {
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,
 }
+
+
+def held_bytes(path: Path, dtype_bytes: int) -> int:
+    """Bytes the engine holds for a GGUF's tensors run as stored (float ones in a dtype of
+    `dtype_bytes`), from its header alone: `HELD_BYTES` per quantized weight."""
+    from gguf import GGUFReader
+
+    total = 0.0
+    for t in GGUFReader(path).tensors:
+        numel = int(np.prod([int(d) for d in t.shape]))
+        total += numel * HELD_BYTES.get(t.tensor_type.name, dtype_bytes)
+    return int(total)
 
 
 def check_types(path: Path) -> dict[str, int]:

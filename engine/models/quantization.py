@@ -11,9 +11,9 @@ the model's `load_weights`.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -24,7 +24,7 @@ from .quant_formats import CheckpointQuant, checkpoint_quant, read_layer
 from .registry import UnsupportedModelError
 from .weights import ModelSource, iter_weights, weight_files
 
-CPU_FLOAT_SHARE = 0.25  # of the machine's memory dequantized weights may take under `auto`
+CUDA_FLOAT_SHARE = 0.5  # of a card's memory dequantized weights may take under `auto`
 GROUP_SIZES = (128, 64, 32)  # of on-the-fly quantization, the first that divides the width
 _PROJECTIONS = ("_proj.weight",)  # tensors on-the-fly quantization rounds (not embeddings, head)
 
@@ -68,45 +68,63 @@ def plan_quantization(
     """The plan for `source` under the `quantization` setting on `device`; refuses what cannot
     be done (an unknown setting, a GGUF tensor type not run as stored) before anything loads.
 
-    `auto` keeps a checkpoint's integers on CUDA. On the CPU it dequantizes where the float
-    weights take at most `CPU_FLOAT_SHARE` of the machine's memory: float32 there gives
-    transformers' tokens exactly, integers other answers (the bundled model's 32-request chat
-    job: 15 of 32 identical, 1.17x the throughput on a 2-core AVX2 machine); `checkpoint`
-    asks for the integers wherever they fit. Where memory is short, integers it is.
+    `auto` picks by what was measured on each device. The CPU keeps a checkpoint's integers
+    (the bundled model's Q4_1 blocks: 1.17x float32's throughput on its chat job, results/
+    quant-cpu.md). CUDA dequantizes where the float weights take at most `CUDA_FLOAT_SHARE` of
+    the card's memory, since the Triton weight-only matmul loses to float16 `F.linear` at small
+    models' shapes (results/quant-kernels-h100.md), and keeps the integers where they do not
+    (a 7B model on a 16 GB T4). `checkpoint` asks for the integers wherever they load.
     """
+    stored = _folder_quant(source)
+    gguf = source.gguf_file if source.load_format != "dummy" else None
+    types: dict[str, int] = {}
+    if gguf is not None and setting != "none":
+        from .gguf_quant import check_types
+
+        types = check_types(gguf)
+    own = own_quantization(gguf, stored) if types or gguf is None else "none"
+    if own == "gguf":
+        what = f"{gguf.name} is already quantized"
+    else:
+        what = f"{source.name} is already quantized ({stored.describe() if stored else own})"
+    card = floats = None
+    if device.type == "cuda" and setting == "auto" and own != "none":
+        from .registry import expected_weight_shapes
+
+        shapes = expected_weight_shapes(source.hf_config).values()
+        floats = sum(math.prod(s) for s in shapes) * dtype.itemsize
+        card = torch.cuda.get_device_properties(device).total_memory
+    method = choose_method(setting, own, what, floats, card)
+    if method == "gguf":
+        return QuantPlan("gguf", tuple(sorted(types.items())))
+    return QuantPlan(method, stored=stored)
+
+
+def choose_method(
+    setting: str,
+    own: str,
+    what: str = "the checkpoint is already quantized",
+    float_bytes: int | None = None,
+    card_bytes: int | None = None,
+) -> str:
+    """The `QuantPlan.method` of the `quantization` setting for a checkpoint whose own integers
+    are `own` ("none" for floats): `auto` keeps them, except on a card (`card_bytes`, with the
+    weights' `float_bytes` dequantized) where `auto_dequantizes`; `int8`/`int4` are refused for
+    a checkpoint already quantized (`what` says which)."""
     if setting not in QUANTIZATIONS:
         raise ConfigError(
             f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {setting!r}"
         )
-    if setting == "none":
-        return QuantPlan("none", stored=_folder_quant(source))
-    if source.gguf_file is not None and source.load_format != "dummy":
-        from .gguf_quant import QUANT_TYPES, check_types
-
-        types = check_types(source.gguf_file)
-        if setting in ("auto", "checkpoint"):
-            if not any(k in QUANT_TYPES for k in types):
-                return QuantPlan("none")
-            if setting == "auto" and device.type == "cpu" and _floats_fit(source, dtype):
-                return QuantPlan("none")
-            return QuantPlan("gguf", tuple(sorted(types.items())))
-        raise ConfigError(
-            f"{source.gguf_file.name} is already quantized; use --quantization auto (its own "
-            f"blocks) or none, not {setting}"
-        )
-    stored = _folder_quant(source)
-    if stored is not None:
-        if setting in ("int8", "int4"):
+    if setting == "none" or (own == "none" and setting in ("auto", "checkpoint")):
+        return "none"
+    if setting in ("int8", "int4"):
+        if own != "none":
             raise ConfigError(
-                f"{source.name} is already quantized ({stored.describe()}); use --quantization "
-                f"auto (its own integers) or none, not {setting}"
+                f"{what}; use --quantization auto (its own integers) or none, not {setting}"
             )
-        if setting == "auto" and device.type == "cpu" and _floats_fit(source, dtype):
-            return QuantPlan("none", stored=stored)
-        return QuantPlan(stored.method, stored=stored)
-    if setting in ("auto", "checkpoint"):
-        return QuantPlan("none")
-    return QuantPlan(setting)
+        return setting
+    auto = setting == "auto" and card_bytes is not None and float_bytes is not None
+    return "none" if auto and auto_dequantizes(float_bytes, card_bytes) else own
 
 
 def _folder_quant(source: ModelSource) -> CheckpointQuant | None:
@@ -117,14 +135,66 @@ def _folder_quant(source: ModelSource) -> CheckpointQuant | None:
     return checkpoint_quant({"quantization_config": config}) if config else None
 
 
-def _floats_fit(source: ModelSource, dtype: torch.dtype) -> bool:
-    """Whether the source's weights, dequantized to `dtype`, take at most `CPU_FLOAT_SHARE`
-    of this machine's memory."""
-    from .registry import expected_weight_shapes
+def own_quantization(gguf_file: Path | None, stored: CheckpointQuant | None) -> str:
+    """The method of a checkpoint's own integers ("gguf", "awq", ...), or "none": a GGUF with
+    quantized blocks (its types checked), else a folder's `quantization_config`."""
+    if gguf_file is not None:
+        from .gguf_quant import QUANT_TYPES, check_types
 
-    elements = sum(math.prod(s) for s in expected_weight_shapes(source.hf_config).values())
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return elements * dtype.itemsize <= CPU_FLOAT_SHARE * total
+        return "gguf" if any(k in QUANT_TYPES for k in check_types(gguf_file)) else "none"
+    return stored.method if stored is not None else "none"
+
+
+def auto_dequantizes(float_bytes: int, card_bytes: int) -> bool:
+    """`auto` on a card of `card_bytes`: dequantize a checkpoint whose float weights take
+    `float_bytes`? (Yes where they take at most `CUDA_FLOAT_SHARE` of it.)"""
+    return float_bytes <= CUDA_FLOAT_SHARE * card_bytes
+
+
+def planned_weights_bytes(
+    shapes: Mapping[str, tuple[int, ...]],
+    method: str,
+    dtype_bytes: int,
+    stored: CheckpointQuant | None = None,
+    gguf_file: Path | None = None,
+) -> int:
+    """The bytes the engine holds for a model's weights (`shapes`: every tensor by its Hugging
+    Face name, a tied head once) loaded by `method` (a `QuantPlan.method`), before loading:
+    what `LlamaForCausalLM.weights_bytes` reports once loaded, up to the layout's rounding.
+
+    Floats take `dtype_bytes` each. `int8`/`int4` at load: the projections' integers plus a
+    float16 scale (and for 4 bits a float16 offset) per group (`GROUP_SIZES`). A folder's own
+    integers: its bits plus its scales' 2 bytes and, where the layout keeps offsets (4 bits,
+    or an asymmetric 8), 4 bytes per group. A GGUF: `gguf_quant.HELD_BYTES` per weight.
+    """
+    if method == "gguf":
+        from .gguf_quant import held_bytes
+
+        assert gguf_file is not None
+        return held_bytes(gguf_file, dtype_bytes)
+    total = 0.0
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        layer = name.removesuffix(".weight")
+        if len(shape) != 2 or layer == name:
+            total += numel * dtype_bytes
+        elif method in ("int8", "int4") and name.endswith(_PROJECTIONS):
+            bits, width = (8 if method == "int8" else 4), shape[1]
+            group = next((g for g in GROUP_SIZES if width % g == 0), width)
+            extra = 2 if bits == 8 else 4  # float16 scale, and offset for 4 bits
+            total += numel * bits / 8 + numel / group * extra
+        elif (
+            stored is not None
+            and method == stored.method
+            and name.endswith((*_PROJECTIONS, "lm_head.weight"))
+            and stored.quantized(layer)
+        ):
+            group = stored.group_size or shape[1]
+            extra = 2 + (4 if stored.bits == 4 or not stored.symmetric else 0)
+            total += numel * stored.bits / 8 + numel / group * extra
+        else:
+            total += numel * dtype_bytes
+    return int(total)
 
 
 def weight_stream(

@@ -14,7 +14,7 @@ from pagedctl.capacity.inputs import fail
 from pagedctl.capacity.recipe import CapacityRecipeError, load_capacity_recipe
 from pagedctl.capacity.run import CapacityRun
 from pagedctl.console import FORMAT_HELP, Format
-from pagedctl.engine import ENGINE_DEFAULTS
+from pagedctl.engine import ENGINE_DEFAULTS, QUANTIZATIONS
 from pagedctl.options import with_default
 from pagedctl.outputs import OVERWRITE_HELP, ResultFolder, out_help
 from pagedctl.recipe_file import RecipeError, find_recipe
@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "shared_prefix": 0,
     "cuda_context": "256MiB",
+    "quantization": ENGINE_DEFAULTS["quantization"],
 }
 
 
@@ -68,6 +69,17 @@ def capacity(
     ),
     dtype: str | None = typer.Option(
         None, help="auto, float16, bfloat16 or float32 (default: auto)."
+    ),
+    quantization: str | None = typer.Option(
+        None,
+        "--quantization",
+        help=with_default(
+            "Weights as the engine loads them: " + ", ".join(QUANTIZATIONS) + " (auto: the "
+            "checkpoint's own integers where its float weights take over half the card, as on "
+            "CUDA).",
+            str(ENGINE_DEFAULTS["quantization"]),
+        ),
+        show_default=False,
     ),
     block_size: str | None = typer.Option(
         None,

@@ -83,6 +83,7 @@ def plan_inputs(s: dict, fp: ModelFootprint, dtype: str, nbytes: int) -> plan.Pl
         footprint=fp,
         dtype=dtype,
         dtype_bytes=nbytes,
+        quantization=quantization_of(s, fp, nbytes, card),
         card=card,
         gpu_mems=floats(s["gpu_mem"], "--gpu-mem", 0.0, 1.0),
         block_sizes=ints(s["block_size"], "--block-size"),
@@ -94,6 +95,23 @@ def plan_inputs(s: dict, fp: ModelFootprint, dtype: str, nbytes: int) -> plan.Pl
         cuda_graphs=_flag(s.get("cuda_graphs", True), "cuda_graphs"),
         swap_space_bytes=_gib(s.get("swap_space"), "--swap-space"),
     )
+
+
+def quantization_of(s: dict, fp: ModelFootprint, nbytes: int, card: Any) -> str:
+    """How the engine would load the weights under `--quantization` on this card: the
+    engine's own choice (`engine.choose_quantization`), `auto` weighing the float weights
+    against the card's memory as the engine does on CUDA."""
+    from pagedctl.engine import ConfigError, choose_quantization
+
+    setting = str(s.get("quantization") or "auto")
+    try:
+        own = fp.own_quantization()
+        floats = fp.weights_bytes(nbytes)
+        card_bytes = card.total_bytes if card is not None else None
+        return choose_quantization(setting, own, f"{fp.name} is already quantized ({own})",
+                                   floats, card_bytes)  # fmt: skip
+    except (ConfigError, ValueError) as e:
+        fail(f"--quantization: {e}")
 
 
 def _gib(value: Any, what: str) -> int | None:

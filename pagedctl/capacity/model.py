@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,6 +37,7 @@ class ModelFootprint:
         params_source: "safetensors headers" or "config".
         tokenizer_dir: a folder with tokenizer files, or None.
         notes: caveats about the count, printed under the tables.
+        gguf_file: the GGUF the model's folder keeps (its quantized blocks), or None.
     """
 
     name: str
@@ -45,13 +46,43 @@ class ModelFootprint:
     params_source: str
     tokenizer_dir: Path | None = None
     notes: tuple[str, ...] = field(default=())
+    gguf_file: Path | None = None
 
     def layout(self, dtype_bytes: int) -> KVLayout:
         return layout_from_config_dict(self.config, dtype_bytes)
 
-    def weights_bytes(self, dtype_bytes: int) -> int:
-        """Weights as the engine holds them: every parameter in the run's dtype."""
-        return self.num_params * dtype_bytes
+    def weights_bytes(self, dtype_bytes: int, method: str = "none") -> int:
+        """Weights as the engine holds them loaded by `method` (a `--quantization` choice, after
+        `auto` is decided: `quantization`): every parameter in the run's dtype for none, else
+        the packed bytes (`engine.planned_weights_bytes`)."""
+        if method == "none":
+            return self.num_params * dtype_bytes
+        from pagedctl.engine import planned_weights_bytes
+
+        return planned_weights_bytes(
+            self.weight_shapes(), method, dtype_bytes, self.stored_quant, self.gguf_file
+        )
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the engine holds, by its Hugging Face name (a tied head once)."""
+        from pagedctl.engine import expected_weight_shapes
+
+        family = planning_family(self.config.get("model_type"))
+        return expected_weight_shapes(SimpleNamespace(**self.config), family)
+
+    @property
+    def stored_quant(self):
+        """The checkpoint's `quantization_config`, checked (`engine.checkpoint_quant`), or None."""
+        from pagedctl.engine import checkpoint_quant
+
+        qc = self.config.get("quantization_config")
+        return checkpoint_quant({"quantization_config": qc}) if qc else None
+
+    def own_quantization(self) -> str:
+        """The method of the checkpoint's own integers ("gguf", "awq", ...), or "none"."""
+        from pagedctl.engine import own_quantization
+
+        return own_quantization(self.gguf_file, self.stored_quant)
 
     @property
     def max_positions(self) -> int:
@@ -80,9 +111,12 @@ def resolve_footprint(model: str) -> ModelFootprint:
     path = Path(model).expanduser()
     if path.is_dir():
         return _from_folder(model, path)
+    if path.is_file() and path.suffix == ".gguf":
+        source = resolve_model(model)  # converted once into the cache
+        return replace(_from_folder(model, source.weights_dir), gguf_file=source.gguf_file)
     if path.is_file():
         if path.suffix != ".json":
-            raise ModelSpecError(f"{path} is not a folder or a config.json file")
+            raise ModelSpecError(f"{path} is not a folder, a .gguf or a config.json file")
         return _from_config(model, _read_config(path), None)
     presets = list_presets()
     if model in presets:
@@ -115,13 +149,26 @@ def _from_folder(name: str, folder: Path) -> ModelFootprint:
         raise ModelSpecError(f"{folder} has no config.json")
     tok = folder if any((folder / f).is_file() for f in _TOKENIZER_FILES) else None
     files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return _from_config(name, raw, tok)
+    if raw.get("quantization_config") and "text_config" in raw:
+        raw = {**raw["text_config"], "quantization_config": raw["quantization_config"]}
+    if not files or raw.get("quantization_config"):  # packed words count no parameters
+        return replace(_from_config(name, raw, tok), gguf_file=_kept_gguf(folder))
     cfg = raw.get("text_config") or raw
     tied = bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)))
     shapes = safetensors_shapes(files)
     count = sum(math.prod(s) for n, s in shapes.items() if not (tied and n == "lm_head.weight"))
-    return ModelFootprint(name, cfg, count, "safetensors headers", tok, _notes(cfg))
+    gguf = _kept_gguf(folder)
+    return ModelFootprint(name, cfg, count, "safetensors headers", tok, _notes(cfg), gguf)
+
+
+def _kept_gguf(folder: Path) -> Path | None:
+    """The GGUF a converted folder keeps beside its safetensors, as the engine finds it."""
+    from pagedctl.engine import resolve_model
+
+    try:
+        return resolve_model(str(folder)).gguf_file
+    except ValueError:
+        return None
 
 
 def _from_config(name: str, raw: dict, tokenizer_dir: Path | None) -> ModelFootprint:

@@ -34,6 +34,7 @@ class PlanInputs:
     shared_prefix: int = 0
     cuda_graphs: bool = True
     swap_space_bytes: int | None = None  # host pool for preempted sequences (--swap-space)
+    quantization: str = "none"  # how the weights load: a QuantPlan method ("none", "gguf", ...)
 
     @property
     def layout(self) -> KVLayout:
@@ -61,7 +62,7 @@ def memory(inputs: PlanInputs) -> Memory:
     the pool its step graphs keep (with CUDA graphs on, the engine's default: as large as that
     peak, as `engine.profiling.cuda_kv_budget` reserves it), unless `--non-kv-memory` gave the
     figure."""
-    weights = inputs.footprint.weights_bytes(inputs.dtype_bytes)
+    weights = inputs.footprint.weights_bytes(inputs.dtype_bytes, inputs.quantization)
     total = inputs.card.total_bytes if inputs.card else 0
     tokens, rows = scheduler_budget(total)
     act = activation_peak_bytes(inputs.footprint.config, inputs.dtype_bytes, tokens, rows)

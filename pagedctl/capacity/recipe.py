@@ -28,6 +28,7 @@ KEYS = (
     "non_kv_memory",
     "num_blocks",
     "dtype",
+    "quantization",
     "block_size",
     "max_len",
     "lengths",

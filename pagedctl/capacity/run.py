@@ -255,7 +255,8 @@ class CapacityRun:
             )
             lines.append(
                 f"non-KV memory: {format_bytes(mem.non_kv_bytes)} = weights "
-                f"{format_bytes(mem.weights_bytes)} + activation peak "
+                f"{format_bytes(mem.weights_bytes)} (quantization {inp.quantization}) + "
+                "activation peak "
                 f"{format_bytes(mem.activation_peak_bytes)} (estimated for the engine's profile "
                 f"step: {mem.batched_tokens:,} tokens, {mem.logit_rows:,} logit rows){graphs}"
             )
@@ -288,7 +289,7 @@ class CapacityRun:
             command=command,
             environment=environment(),
             header=header,
-            memory=self.mem.as_dict(),
+            memory={**self.mem.as_dict(), "quantization": self.inputs.quantization},
             sections={sec.key: sec.rows for sec in self.sections},
             figures=self.figures or figures(self),
         )
