@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -32,12 +33,15 @@ LLAMA3_ROPE = dict(
     high_freq_factor=4.0,
     original_max_position_embeddings=64,
 )
+YARN_ROPE = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0)
 CONFIGS = {
     "llama-gqa-untied": lambda: LlamaConfig(**TINY, tie_word_embeddings=False),
     "llama-mha-tied": lambda: LlamaConfig(
         **{**TINY, "num_key_value_heads": 4}, tie_word_embeddings=True
     ),
     "llama3-rope": lambda: LlamaConfig(**TINY, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE),
+    "linear-rope": lambda: LlamaConfig(**TINY, rope_scaling={"rope_type": "linear", "factor": 3.0}),
+    "yarn-rope": lambda: Qwen2Config(**TINY, rope_scaling=YARN_ROPE, tie_word_embeddings=True),
     "qwen2-bias-tied": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3-qknorm-headdim32": lambda: Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False),
 }
@@ -203,10 +207,27 @@ def test_build_model_rejects_unsupported_architectures() -> None:
     assert isinstance(build_model(config, torch.float32, "cpu"), LlamaForCausalLM)
 
 
-def test_unsupported_rope_type_is_a_clear_error() -> None:
-    yarn = dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=64)
-    with pytest.raises(UnsupportedModelError, match="yarn"):
-        LlamaForCausalLM(LlamaConfig(**TINY, rope_scaling=yarn))
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({"rope_type": "dynamic", "factor": 2.0}, "'dynamic' is not supported: dynamic NTK"),
+        (
+            {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+             "original_max_position_embeddings": 64},
+            "'longrope' is not supported: LongRoPE",
+        ),
+    ],
+)  # fmt: skip
+def test_unsupported_rope_type_is_a_clear_error(scaling: dict, message: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=message):
+        LlamaForCausalLM(LlamaConfig(**TINY, rope_scaling=scaling))
+
+
+def test_yarn_scales_cos_and_sin_as_transformers_does() -> None:
+    """yarn's attention factor (here 0.1 ln 4 + 1) multiplies the table, as transformers'."""
+    _, ours = make_pair("yarn-rope")
+    table = torch.sqrt(ours.model.rotary.cos**2 + ours.model.rotary.sin**2)
+    torch.testing.assert_close(table, torch.full_like(table, 0.1 * math.log(4.0) + 1))
 
 
 def test_rope_config_reads_old_and_new_attributes() -> None:

@@ -10,8 +10,7 @@ Parameters are created uninitialised (`torch.empty`) in the current default dtyp
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -140,15 +139,27 @@ class GatedMLP(nn.Module):
         return self.down_proj(act)
 
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_ROPE_REFUSED = {
+    "dynamic": "dynamic NTK scaling changes every position's frequencies with the sequence's "
+    "length, which keys already in a paged cache cannot follow",
+    "longrope": "LongRoPE switches every position's frequencies once a sequence passes its "
+    "original length, which keys already in a paged cache cannot follow",
+}
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     """Rotary embedding settings, already validated.
 
     Attributes:
-        rope_type: "default", "linear" or "llama3".
+        rope_type: one of ROPE_TYPES.
         theta: base wavelength.
-        factor: frequency divisor of "linear" and "llama3".
-        low_freq_factor, high_freq_factor, original_max_position: "llama3" smoothing band.
+        factor: frequency divisor of "linear", "llama3" and "yarn".
+        low_freq_factor, high_freq_factor, original_max_position: "llama3" smoothing band
+            (original_max_position: also yarn's original length).
+        parameters: the config's whole RoPE mapping, as items (yarn's beta_fast, mscale, ...).
+        max_position_embeddings: the config's, which transformers' RoPE functions read.
     """
 
     rope_type: str = "default"
@@ -157,6 +168,8 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    parameters: tuple[tuple[str, object], ...] = field(default=(), compare=False)
+    max_position_embeddings: int = field(default=0, compare=False)
 
 
 def rope_config(hf_config: object) -> RopeConfig:
@@ -166,18 +179,26 @@ def rope_config(hf_config: object) -> RopeConfig:
         params = dict(getattr(hf_config, "rope_scaling", None) or {})
     theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type")) or "default"
-    if rope_type not in ("default", "linear", "llama3"):
+    if rope_type in _ROPE_REFUSED:
+        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported: "
+                                    f"{_ROPE_REFUSED[rope_type]}")  # fmt: skip
+    if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(
-            f"RoPE type {rope_type!r} is not supported; use a model with default, linear or "
-            "llama3 RoPE"
+            f"RoPE type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
         )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
     if rope_type == "default":
         return RopeConfig(theta=theta)
+    max_positions = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+    items = tuple(sorted((k, v) for k, v in params.items() if k not in ("type", "rope_type")))
+    extra = dict(parameters=items, max_position_embeddings=max_positions)
     if rope_type == "linear":
-        return RopeConfig("linear", theta, float(params["factor"]))
-    original = params.get("original_max_position_embeddings") or hf_config.max_position_embeddings
+        return RopeConfig("linear", theta, float(params["factor"]), **extra)
+    original = params.get("original_max_position_embeddings") or max_positions
+    if rope_type == "yarn":
+        return RopeConfig("yarn", theta, float(params["factor"]),
+                          original_max_position=int(original), **extra)  # fmt: skip
     return RopeConfig(
         "llama3",
         theta,
@@ -185,28 +206,41 @@ def rope_config(hf_config: object) -> RopeConfig:
         float(params["low_freq_factor"]),
         float(params["high_freq_factor"]),
         int(original),
+        **extra,
     )
 
 
-def rope_inv_freq(head_dim: int, rope: RopeConfig) -> Tensor:
-    """Inverse frequencies `[head_dim // 2]` (float32, on the CPU) for the given RoPE variant."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (rope.theta**exponents)
-    if rope.rope_type == "linear":
-        return inv_freq / rope.factor
-    if rope.rope_type != "llama3":
-        return inv_freq
-    # Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
-    low_wavelen = rope.original_max_position / rope.low_freq_factor
-    high_wavelen = rope.original_max_position / rope.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
-        rope.high_freq_factor - rope.low_freq_factor
+def rope_frequencies(head_dim: int, rope: RopeConfig) -> tuple[Tensor, float]:
+    """Inverse frequencies `[head_dim // 2]` (float32, on the CPU) and the factor cos and sin
+    are scaled by (yarn's attention factor; 1 for the others).
+
+    The default RoPE is computed here; every scaled type by transformers' own
+    `ROPE_INIT_FUNCTIONS` (imported only for them), on a config of the same RoPE fields.
+    """
+    if rope.rope_type == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
+        return 1.0 / (rope.theta ** (exponents / head_dim)), 1.0
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"factor": rope.factor, **dict(rope.parameters)}
+    if rope.rope_type == "llama3":
+        params.setdefault("low_freq_factor", rope.low_freq_factor)
+        params.setdefault("high_freq_factor", rope.high_freq_factor)
+    if rope.rope_type in ("llama3", "yarn"):
+        params.setdefault("original_max_position_embeddings", rope.original_max_position)
+    params = {**params, "rope_type": rope.rope_type, "rope_theta": rope.theta}
+    config = LlamaConfig(
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=rope.max_position_embeddings or rope.original_max_position,
+        rope_theta=rope.theta,
+        rope_parameters=params,
+        rope_scaling=params,  # transformers 4's name of the same mapping
     )
-    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, scaled)
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope.rope_type](config, torch.device("cpu"))
+    return inv_freq.float().cpu(), float(scaling)
 
 
 @dataclass(frozen=True)
@@ -274,10 +308,12 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
         positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")
-        freqs = torch.outer(positions, rope_inv_freq(head_dim, rope))
+        inv_freq, scaling = rope_frequencies(head_dim, rope)
+        freqs = torch.outer(positions, inv_freq)
         device, dtype = torch.get_default_device(), torch.get_default_dtype()
-        self.register_buffer("cos", freqs.cos().to(device, dtype), persistent=False)
-        self.register_buffer("sin", freqs.sin().to(device, dtype), persistent=False)
+        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        self.register_buffer("cos", cos.to(device, dtype), persistent=False)
+        self.register_buffer("sin", sin.to(device, dtype), persistent=False)
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin `[T, 1, head_dim // 2]` for the tokens' `positions` `[T]`."""
