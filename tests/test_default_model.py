@@ -23,6 +23,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from pagedctl.engine import LLM, SamplingParams
 from pagedctl.engine.models import cache as model_cache
 from pagedctl.engine.models.cache import convert_gguf_cached
 from pagedctl.engine.models.gguf import convert_gguf, unpermute_qk
@@ -430,8 +431,8 @@ def test_unsupported_gguf_files(home: Path, tmp_path: Path) -> None:
         UnsupportedModelError, match=r"'gpt2' is not supported.*llama, qwen2, qwen3"
     ):
         resolve_model(str(write_gguf(tmp_path / "a.gguf", model, arch="gpt2")))
-    freqs = {"rope_freqs.weight": np.ones(4, dtype=np.float32)}
-    with pytest.raises(UnsupportedModelError, match="RoPE scaling"):
+    freqs = {"rope_freqs.weight": np.array([1, 2, 1, 2], dtype=np.float32)}
+    with pytest.raises(UnsupportedModelError, match="are not Llama 3's RoPE scaling"):
         resolve_model(str(write_gguf(tmp_path / "b.gguf", model, extra=freqs)))
 
 
@@ -501,3 +502,50 @@ def test_a_first_pull_shows_as_its_own_start_up_phases(
     assert "fetch_s" not in StartupClock("cpu").as_dict()  # taken once, by the next engine
     line = startup_line({"import_s": 2.0, "fetch_s": 9.5, "convert_s": 3.3, "load_s": 1.0})
     assert line == "15.8 s: import 2.0, fetch 9.5, convert 3.3, load 1.0"
+
+
+def llama_cpp_rope_freqs(theta: float, head_dim: int, scaling: dict) -> np.ndarray:
+    """The `rope_freqs` divisors llama.cpp's converter writes for a Llama 3 `rope_scaling`."""
+    import math
+
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_a_llama3_gguf_with_rope_freqs_runs_as_its_hugging_face_folder(
+    home: Path, tmp_path: Path
+) -> None:
+    """A Llama 3 GGUF's `rope_freqs` become the `rope_scaling` of the converted folder, and
+    the engine's greedy tokens equal transformers' on that folder."""
+    from pagedctl.engine.models.layers import RopeConfig, rope_config
+
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8192)  # fmt: skip
+    model = tiny_model("llama", rope_theta=500000.0, rope_scaling=scaling)
+    freqs = llama_cpp_rope_freqs(500000.0, 8, scaling)
+    assert 1.0 < freqs[2] < 8.0 and freqs[0] == 1.0 and freqs[3] == 8.0  # every band
+    path = write_gguf(tmp_path / "l3.gguf", model, extra={"rope_freqs.weight": freqs})
+    source = resolve_model(str(path))
+    assert rope_config(source.hf_config) == RopeConfig("llama3", 500000.0, 8.0, 1.0, 4.0, 8192)
+    hf = AutoModelForCausalLM.from_pretrained(source.weights_dir, dtype=torch.float32).eval()
+    assert hf.config.rope_parameters["rope_type"] == "llama3"
+    prompts = [[5, 9, 44, 101, 7, 3, 8, 120, 60], [200, 3, 3, 17]]
+    llm = LLM(str(path), device="cpu", dtype="float32", quantization="none")
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    for prompt, tokens in zip(prompts, got, strict=True):
+        ids = torch.tensor([prompt])
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
+        assert tokens == want[0, len(prompt) :].tolist()

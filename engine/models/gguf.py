@@ -66,7 +66,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     meta = _metadata(reader)
     shapes = {t.name: tuple(reversed(t.shape.tolist())) for t in reader.tensors}
     family = gguf_family(meta.get("general.architecture"))
-    config = _config_from_gguf(family, meta, shapes)
+    rope_freqs = next((t.data for t in reader.tensors if t.name == ROPE_FREQS), None)
+    config = _config_from_gguf(family, meta, shapes, rope_freqs)
     out_dir.mkdir(parents=True, exist_ok=True)
     kinds = _write_weights(reader, family, config, out_dir / "model.safetensors")
     config.save_pretrained(out_dir)
@@ -106,14 +107,17 @@ def _metadata(reader: GGUFReader) -> dict[str, Any]:
 
 
 def _config_from_gguf(
-    family: Family, meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]
+    family: Family,
+    meta: dict[str, Any],
+    shapes: dict[str, tuple[int, ...]],
+    rope_freqs: np.ndarray | None = None,
 ) -> PretrainedConfig:
     from transformers import AutoConfig
 
     arch = family.gguf_arch
-    if "rope_freqs.weight" in shapes or meta.get(f"{arch}.rope.scaling.type", "none") != "none":
+    if meta.get(f"{arch}.rope.scaling.type", "none") != "none":
         raise UnsupportedModelError(
-            "this GGUF uses RoPE scaling (Llama-3 rope_freqs or a scaling type), which pagedctl "
+            f"this GGUF uses RoPE scaling ({meta[f'{arch}.rope.scaling.type']}), which pagedctl "
             "does not convert; use the model's Hugging Face safetensors folder instead"
         )
 
@@ -144,7 +148,44 @@ def _config_from_gguf(
             kwargs[f"{role}_token_id"] = meta.get(f"tokenizer.ggml.{key}")
     if family.qkv_bias is None:  # the config's attention_bias says: read it off the tensors
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if rope_freqs is not None:
+        kwargs["rope_scaling"] = llama3_rope_from_freqs(
+            np.asarray(rope_freqs, dtype=np.float32).reshape(-1), kwargs["rope_theta"], head_dim
+        )
+        kwargs["rope_parameters"] = {**kwargs["rope_scaling"], "rope_theta": kwargs["rope_theta"]}
     return AutoConfig.for_model(family.model_type, **kwargs)
+
+
+ROPE_FREQS = "rope_freqs.weight"
+# Llama 3.1's RoPE band (Meta's configs for 3.1, 3.2 and 3.3 all hold these).
+LLAMA3_BAND = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+def llama3_rope_from_freqs(rope_freqs: np.ndarray, theta: float, head_dim: int) -> dict[str, Any]:
+    """The Hugging Face `rope_scaling` behind a Llama 3 GGUF's `rope_freqs` (the divisor of each
+    rotary frequency, as llama.cpp's converter writes them from it): Llama 3.1's band with the
+    largest divisor as `factor`, accepted only where recomputing the divisors from it gives the
+    file's to float32 precision; any other set of divisors is refused."""
+    factor = float(rope_freqs.max()) if rope_freqs.size else 0.0
+    band = LLAMA3_BAND
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    low = band["original_max_position_embeddings"] / band["low_freq_factor"]
+    high = band["original_max_position_embeddings"] / band["high_freq_factor"]
+    wavelen = 2 * np.pi / freqs
+    smooth = (band["original_max_position_embeddings"] / wavelen - band["low_freq_factor"]) / (
+        band["high_freq_factor"] - band["low_freq_factor"]
+    )
+    with np.errstate(divide="ignore"):
+        blended = 1 / ((1 - smooth) / max(factor, 1e-30) + smooth)
+    want = np.where(wavelen < high, 1.0, np.where(wavelen > low, factor, blended))
+    if rope_freqs.shape != want.shape or not np.allclose(rope_freqs, want, rtol=1e-6, atol=0):
+        raise UnsupportedModelError(
+            f"this GGUF's {ROPE_FREQS} ({rope_freqs.size} divisors, largest {factor:g}) are not "
+            "Llama 3's RoPE scaling over 8192 tokens, which is the RoPE scaling pagedctl "
+            "converts; use the model's Hugging Face safetensors folder instead"
+        )
+    return {"rope_type": "llama3", "factor": factor, **band}
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -186,6 +227,8 @@ def _write_weights(
     kinds: Counter[str] = Counter()
     for t in reader.tensors:
         name = hf_tensor_name(t.name)
+        if t.name == ROPE_FREQS:
+            continue  # in config.json's rope_scaling
         if name is None:
             raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart")
         w = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))

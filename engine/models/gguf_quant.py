@@ -168,6 +168,8 @@ def held_bytes(path: Path, dtype_bytes: int) -> int:
 
     total = 0.0
     for t in GGUFReader(path).tensors:
+        if t.name == "rope_freqs.weight":
+            continue  # read into the rotary table, not held
         numel = int(np.prod([int(d) for d in t.shape]))
         total += numel * HELD_BYTES.get(t.tensor_type.name, dtype_bytes)
     return int(total)
@@ -203,6 +205,8 @@ def iter_gguf_weights(
     heads = {"attn_q": num_heads, "attn_k": num_kv_heads}
     for t in GGUFReader(path).tensors:
         name = hf_tensor_name(t.name)
+        if t.name == "rope_freqs.weight":
+            continue  # in config.json's rope_scaling (`gguf.llama3_rope_from_freqs`)
         if name is None:
             raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart")
         w = read_tensor(t)
