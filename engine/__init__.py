@@ -97,7 +97,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "model_is_installed": ("models.cache", "is_installed"),
     "model_spec": "models.layers",
     "planning_family": "models.registry",
-    "auto_dequantizes": "models.quantization",
+    "float_budget": "models.quantization",
     "checkpoint_quant": "models.quant_formats",
     "choose_quantization": ("models.quantization", "choose_method"),
     "own_quantization": "models.quantization",

@@ -155,7 +155,7 @@ def test_unknown_model_and_bad_files(tmp_path: Path) -> None:
     with pytest.raises(ModelSpecError, match="not found"):
         resolve_footprint("no-such-model-anywhere")
     (tmp_path / "x.txt").write_text("hi")
-    with pytest.raises(ModelSpecError, match="not a folder, a .gguf or a config"):
+    with pytest.raises(ModelSpecError, match=r"not a folder, a \.gguf or a config"):
         resolve_footprint(str(tmp_path / "x.txt"))
     (tmp_path / "bad.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelSpecError, match="cannot count"):

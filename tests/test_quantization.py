@@ -297,21 +297,24 @@ def test_requantizing_a_quantized_folder_is_refused(tmp_path: Path) -> None:
         LLM(str(tmp_path), quantization="int8", device="cpu")
 
 
-def test_auto_keeps_integers_on_the_cpu_and_dequantizes_small_models_on_cuda(
+def test_auto_dequantizes_what_fits_and_keeps_the_integers_of_what_does_not(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`auto` by device: the CPU runs a GGUF's blocks as stored; a card dequantizes a model
-    whose float weights take at most half its memory and keeps the integers of one that does
-    not (the card's memory faked here: the rule reads only its size)."""
+    """`auto` by device: float weights within a quarter of the machine's memory (CPU) or half
+    the card's (CUDA) are dequantized, larger ones keep their integers (the card's memory and
+    the CPU share faked here: the rule reads only those)."""
     from types import SimpleNamespace
 
+    from pagedctl.engine.models import quantization
     from pagedctl.engine.models.quantization import plan_quantization
     from pagedctl.engine.models.source import resolve_model
 
     source = resolve_model(str(_quantized_gguf(home / "tiny-Q8_0.gguf", "Q8_0")))
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert plan_quantization(source, "auto", cpu, torch.float32).method == "none"
+    assert plan_quantization(source, "checkpoint", cpu, torch.float32).method == "gguf"
+    monkeypatch.setattr(quantization, "CPU_FLOAT_SHARE", 1e-12)
     assert plan_quantization(source, "auto", cpu, torch.float32).method == "gguf"
-    assert plan_quantization(source, "none", cpu, torch.float32).method == "none"
     for total, method in [(2**40, "none"), (2**10, "gguf")]:
         card = SimpleNamespace(total_memory=total)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d, card=card: card)

@@ -86,8 +86,8 @@ class EngineConfig:
     quantization: str = setting(
         "auto",
         "Weights as integers: checkpoint (the checkpoint's own, e.g. a GGUF's blocks, as "
-        "stored), auto (checkpoint on the CPU; on CUDA none where float weights take at most "
-        "half the card's memory, else checkpoint), none (dequantize to --dtype), "
+        "stored), auto (none where float weights take at most a quarter of the CPU's memory or "
+        "half the card's, else checkpoint), none (dequantize to --dtype), "
         "int8 or int4 (from 16/32-bit weights at load, groups of 128).",
         "choice",
         choices=QUANTIZATIONS,

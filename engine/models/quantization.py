@@ -11,6 +11,7 @@ the model's `load_weights`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from .registry import UnsupportedModelError
 from .weights import ModelSource, iter_weights, weight_files
 
 CUDA_FLOAT_SHARE = 0.5  # of a card's memory dequantized weights may take under `auto`
+CPU_FLOAT_SHARE = 0.25  # of the machine's memory, on the CPU
 GROUP_SIZES = (128, 64, 32)  # of on-the-fly quantization, the first that divides the width
 _PROJECTIONS = ("_proj.weight",)  # tensors on-the-fly quantization rounds (not embeddings, head)
 
@@ -68,12 +70,12 @@ def plan_quantization(
     """The plan for `source` under the `quantization` setting on `device`; refuses what cannot
     be done (an unknown setting, a GGUF tensor type not run as stored) before anything loads.
 
-    `auto` picks by what was measured on each device. The CPU keeps a checkpoint's integers
-    (the bundled model's Q4_1 blocks: 1.17x float32's throughput on its chat job, results/
-    quant-cpu.md). CUDA dequantizes where the float weights take at most `CUDA_FLOAT_SHARE` of
-    the card's memory, since the Triton weight-only matmul loses to float16 `F.linear` at small
-    models' shapes (results/quant-kernels-h100.md), and keeps the integers where they do not
-    (a 7B model on a 16 GB T4). `checkpoint` asks for the integers wherever they load.
+    `auto` dequantizes where the float weights fit `float_budget` and keeps the integers where
+    they do not (a 7B model on a 16 GB T4). On CUDA the Triton weight-only matmul loses to
+    float16 `F.linear` at small models' shapes (results/quant-kernels-h100.md). On the CPU the
+    integers run 1.17x float32 on the bundled model (results/quant-cpu.md), but float32 gives
+    transformers' tokens and the same tokens whatever batch a request lands in, which a job
+    resumed after a kill relies on; `checkpoint` asks for the integers wherever they load.
     """
     stored = _folder_quant(source)
     gguf = source.gguf_file if source.load_format != "dummy" else None
@@ -88,12 +90,12 @@ def plan_quantization(
     else:
         what = f"{source.name} is already quantized ({stored.describe() if stored else own})"
     card = floats = None
-    if device.type == "cuda" and setting == "auto" and own != "none":
+    if setting == "auto" and own != "none":
         from .registry import expected_weight_shapes
 
         shapes = expected_weight_shapes(source.hf_config).values()
         floats = sum(math.prod(s) for s in shapes) * dtype.itemsize
-        card = torch.cuda.get_device_properties(device).total_memory
+        card = float_budget(device)
     method = choose_method(setting, own, what, floats, card)
     if method == "gguf":
         return QuantPlan("gguf", tuple(sorted(types.items())))
@@ -105,11 +107,11 @@ def choose_method(
     own: str,
     what: str = "the checkpoint is already quantized",
     float_bytes: int | None = None,
-    card_bytes: int | None = None,
+    budget_bytes: int | None = None,
 ) -> str:
     """The `QuantPlan.method` of the `quantization` setting for a checkpoint whose own integers
-    are `own` ("none" for floats): `auto` keeps them, except on a card (`card_bytes`, with the
-    weights' `float_bytes` dequantized) where `auto_dequantizes`; `int8`/`int4` are refused for
+    are `own` ("none" for floats): `auto` keeps them, except where the weights' `float_bytes`
+    dequantized fit the device's `budget_bytes` (`float_budget`); `int8`/`int4` are refused for
     a checkpoint already quantized (`what` says which)."""
     if setting not in QUANTIZATIONS:
         raise ConfigError(
@@ -123,8 +125,8 @@ def choose_method(
                 f"{what}; use --quantization auto (its own integers) or none, not {setting}"
             )
         return setting
-    auto = setting == "auto" and card_bytes is not None and float_bytes is not None
-    return "none" if auto and auto_dequantizes(float_bytes, card_bytes) else own
+    auto = setting == "auto" and budget_bytes is not None and float_bytes is not None
+    return "none" if auto and float_bytes <= budget_bytes else own
 
 
 def _folder_quant(source: ModelSource) -> CheckpointQuant | None:
@@ -145,10 +147,14 @@ def own_quantization(gguf_file: Path | None, stored: CheckpointQuant | None) -> 
     return stored.method if stored is not None else "none"
 
 
-def auto_dequantizes(float_bytes: int, card_bytes: int) -> bool:
-    """`auto` on a card of `card_bytes`: dequantize a checkpoint whose float weights take
-    `float_bytes`? (Yes where they take at most `CUDA_FLOAT_SHARE` of it.)"""
-    return float_bytes <= CUDA_FLOAT_SHARE * card_bytes
+def float_budget(device: torch.device, card_bytes: int | None = None) -> int:
+    """The most bytes of float weights `auto` dequantizes on a device: `CUDA_FLOAT_SHARE` of
+    a card's memory (`card_bytes`, else the card's own), `CPU_FLOAT_SHARE` of the machine's."""
+    if device.type == "cuda":
+        total = card_bytes or torch.cuda.get_device_properties(device).total_memory
+        return int(CUDA_FLOAT_SHARE * total)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(CPU_FLOAT_SHARE * total)
 
 
 def planned_weights_bytes(

@@ -101,13 +101,15 @@ def quantization_of(s: dict, fp: ModelFootprint, nbytes: int, card: Any) -> str:
     """How the engine would load the weights under `--quantization` on this card: the
     engine's own choice (`engine.choose_quantization`), `auto` weighing the float weights
     against the card's memory as the engine does on CUDA."""
-    from pagedctl.engine import ConfigError, choose_quantization
+    import torch
+
+    from pagedctl.engine import ConfigError, choose_quantization, float_budget
 
     setting = str(s.get("quantization") or "auto")
     try:
         own = fp.own_quantization()
         floats = fp.weights_bytes(nbytes)
-        card_bytes = card.total_bytes if card is not None else None
+        card_bytes = None if card is None else float_budget(torch.device("cuda"), card.total_bytes)
         return choose_quantization(setting, own, f"{fp.name} is already quantized ({own})",
                                    floats, card_bytes)  # fmt: skip
     except (ConfigError, ValueError) as e:
