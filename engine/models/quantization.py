@@ -84,7 +84,7 @@ def plan_quantization(
         from .gguf_quant import check_types
 
         types = check_types(gguf)
-    own = own_quantization(gguf, stored) if types or gguf is None else "none"
+    own = own_quantization(gguf, stored, types) if types or gguf is None else "none"
     if own == "gguf":
         what = f"{gguf.name} is already quantized"
     else:
@@ -137,13 +137,18 @@ def _folder_quant(source: ModelSource) -> CheckpointQuant | None:
     return checkpoint_quant({"quantization_config": config}) if config else None
 
 
-def own_quantization(gguf_file: Path | None, stored: CheckpointQuant | None) -> str:
+def own_quantization(
+    gguf_file: Path | None,
+    stored: CheckpointQuant | None,
+    types: Mapping[str, int] | None = None,
+) -> str:
     """The method of a checkpoint's own integers ("gguf", "awq", ...), or "none": a GGUF with
     quantized blocks (its types checked), else a folder's `quantization_config`."""
     if gguf_file is not None:
         from .gguf_quant import QUANT_TYPES, check_types
 
-        return "gguf" if any(k in QUANT_TYPES for k in check_types(gguf_file)) else "none"
+        types = types or check_types(gguf_file)  # the header read once where given
+        return "gguf" if any(k in QUANT_TYPES for k in types) else "none"
     return stored.method if stored is not None else "none"
 
 
