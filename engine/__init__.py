@@ -101,6 +101,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "checkpoint_quant": "models.quant_formats",
     "choose_quantization": ("models.quantization", "choose_method"),
     "own_quantization": "models.quantization",
+    "plan_quantization": "models.quantization",
     "planned_weights_bytes": "models.quantization",
     "resolve_model": "models.source",
     "sha256_file": "models.gguf",

@@ -42,6 +42,24 @@ def test_model_cost_of_the_qwen_preset() -> None:
     assert cost.head_flops_per_row == 2 * 151936 * 896  # the tied embedding, once
 
 
+def test_the_floor_streams_the_packed_weights() -> None:
+    """Under int4 the floor streams what the engine holds: the projections' nibbles and a float16
+    scale and offset per 128 weights; the tied embedding, norms and biases stay bfloat16."""
+    import torch
+
+    from pagedctl.bench.floor import held_weights_bytes
+
+    source = resolve_model("qwen2.5-0.5b-instruct", "dummy")
+    projections = 24 * (896 * (896 + 128 + 128 + 896) + 3 * 4864 * 896)  # q k v o, gate up down
+    floats = 494_032_768 - projections
+    held = held_weights_bytes(source, "int4", torch.device("cpu"), torch.bfloat16)
+    assert held == floats * 2 + projections // 2 + projections // 128 * 4
+    assert held_weights_bytes(source, "none", torch.device("cpu"), torch.bfloat16) == 494_032_768 * 2
+    cost = model_cost(source.hf_config, 2, held)
+    assert cost.weights_bytes == held
+    assert cost.body_flops_per_token == model_cost(source.hf_config, 2).body_flops_per_token
+
+
 def test_long_tail_workload() -> None:
     recipe = load_bench_recipe(ROOT / "recipes/long-tail.yaml")
     wl = make_workload(recipe.workload)

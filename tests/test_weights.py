@@ -144,6 +144,7 @@ PRESETS = {
     "qwen2.5-0.5b-instruct": ("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 151936, 12288),
     "qwen3-0.6b": ("Qwen3ForCausalLM", 28, 1024, 16, 8, 128, 151936, 114688),
     "llama-3.2-1b": ("LlamaForCausalLM", 16, 2048, 32, 8, 64, 128256, 32768),
+    "llama-3-8b": ("LlamaForCausalLM", 32, 4096, 32, 8, 128, 128256, 131072),
     "smollm2-135m-instruct": ("LlamaForCausalLM", 30, 576, 9, 3, 64, 49152, 23040),
 }
 
@@ -157,7 +158,7 @@ def test_presets_resolve_to_dummy_with_published_shapes(name: str) -> None:
     got += (c.num_key_value_heads, head_dim, c.vocab_size, KVLayout.from_config(c).bytes_per_token)
     assert got == PRESETS[name]
     assert (source.load_format, source.weights_dir, source.tokenizer_dir) == ("dummy", None, None)
-    assert c.tie_word_embeddings
+    assert c.tie_word_embeddings == (name != "llama-3-8b")
     with pytest.raises(ModelNotFoundError, match="no tokenizer"):
         load_tokenizer(source)
     with pytest.raises(ModelNotFoundError, match="without weights"):
@@ -212,7 +213,7 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
         str(tmp_path / "hf"),
     ):
         assert needle in message
-    with pytest.raises(ModelNotFoundError, match=r"known: llama-3\.2-1b, qwen2\.5-0\.5b-instruct"):
+    with pytest.raises(ModelNotFoundError, match=r"known: llama-3-8b, llama-3\.2-1b, qwen2\.5-0\.5b-instruct"):
         resolve_model("org/not-cached")
 
 

@@ -80,7 +80,10 @@ def _matmul_s(n: int, dtype: torch.dtype, device: torch.device) -> float:
     return _timed(lambda: a @ b, 10, device)
 
 
-def model_cost(hf_config, dtype_bytes: int) -> ModelCost:
+def model_cost(hf_config, dtype_bytes: int, weights_bytes: int | None = None) -> ModelCost:
+    """`weights_bytes`: what the engine holds (packed integers), else every parameter in the
+    dtype; the arithmetic is the same either way (weight-only integers are multiplied as
+    floats)."""
     from pagedctl.engine import KVLayout, expected_weight_shapes, model_spec
 
     spec = model_spec(hf_config)
@@ -90,12 +93,23 @@ def model_cost(hf_config, dtype_bytes: int) -> ModelCost:
     body = params - head * (1 if spec.tie_word_embeddings else 2)
     layout = KVLayout.from_config(hf_config, dtype_bytes)
     return ModelCost(
-        weights_bytes=params * dtype_bytes,
+        weights_bytes=params * dtype_bytes if weights_bytes is None else weights_bytes,
         body_flops_per_token=2 * body,
         head_flops_per_row=2 * head,
         attn_flops_per_pair=4 * spec.num_layers * spec.num_heads * spec.head_dim,
         kv_bytes_per_token=layout.bytes_per_token,
     )
+
+
+def held_weights_bytes(source, quantization: str, device: torch.device, dtype: torch.dtype) -> int:
+    """The bytes of weights the engine holds for `source` under `quantization`, planned the way
+    the engine plans its load."""
+    from pagedctl.engine import expected_weight_shapes, plan_quantization, planned_weights_bytes
+
+    plan = plan_quantization(source, quantization, device, dtype)
+    shapes = expected_weight_shapes(source.hf_config)
+    gguf = source.gguf_file if plan.method == "gguf" else None
+    return planned_weights_bytes(shapes, plan.method, dtype.itemsize, plan.stored, gguf)
 
 
 def workload_floor(prompt_lens: list[int], max_tokens: list[int], cost: ModelCost, card: Card):
@@ -137,14 +151,17 @@ def workload_floor(prompt_lens: list[int], max_tokens: list[int], cost: ModelCos
 
 
 def floor_of(recipe, wl) -> dict:
-    """The recipe's workload floor on its device, measured now (CUDA only)."""
+    """The recipe's workload floor on its device, measured now (CUDA only). The weights
+    stream as the engine holds them under the recipe's `quantization` (packed bytes)."""
     from pagedctl.engine import resolve_device, resolve_dtype, resolve_model
 
     device = resolve_device(recipe.device)
     dtype = resolve_dtype(recipe.dtype, device)
     start = time.perf_counter()
     card = measure_card(device, dtype)
-    cost = model_cost(resolve_model(recipe.model, recipe.load_format).hf_config, dtype.itemsize)
+    source = resolve_model(recipe.model, recipe.load_format)
+    held = held_weights_bytes(source, recipe.config.quantization, device, dtype)
+    cost = model_cost(source.hf_config, dtype.itemsize, held)
     out = workload_floor([len(x) for x in wl.prompts], wl.max_tokens, cost, card)
     out["measured_in_s"] = round(time.perf_counter() - start, 2)
     return out
