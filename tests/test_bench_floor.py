@@ -52,9 +52,10 @@ def test_the_floor_streams_the_packed_weights() -> None:
     source = resolve_model("qwen2.5-0.5b-instruct", "dummy")
     projections = 24 * (896 * (896 + 128 + 128 + 896) + 3 * 4864 * 896)  # q k v o, gate up down
     floats = 494_032_768 - projections
-    held = held_weights_bytes(source, "int4", torch.device("cpu"), torch.bfloat16)
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    held = held_weights_bytes(source, "int4", cpu, bf16)
     assert held == floats * 2 + projections // 2 + projections // 128 * 4
-    assert held_weights_bytes(source, "none", torch.device("cpu"), torch.bfloat16) == 494_032_768 * 2
+    assert held_weights_bytes(source, "none", cpu, bf16) == 494_032_768 * 2
     cost = model_cost(source.hf_config, 2, held)
     assert cost.weights_bytes == held
     assert cost.body_flops_per_token == model_cost(source.hf_config, 2).body_flops_per_token

@@ -213,7 +213,8 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
         str(tmp_path / "hf"),
     ):
         assert needle in message
-    with pytest.raises(ModelNotFoundError, match=r"known: llama-3-8b, llama-3\.2-1b, qwen2\.5-0\.5b-instruct"):
+    known = r"known: llama-3-8b, llama-3\.2-1b, qwen2\.5-0\.5b-instruct"
+    with pytest.raises(ModelNotFoundError, match=known):
         resolve_model("org/not-cached")
 
 
