@@ -55,12 +55,14 @@ from .triton_splits import _split_counters
 # 1 row, 128 x 256 was 17% faster on Llama-3-8B's o_proj and 1.9x slower on Qwen2.5-0.5B's, 64 x
 # 128 within 2% of the best there. sm80 carries sm90's tiles over and sm75 (FMA dots, no
 # software pipelining, 64 KB of shared memory a program, decode tiles as narrow as the rows) is
-# the design's starting point: no sm_80 or sm_75 card was lent to measure them.
+# the design's starting point: no sm_80 or sm_75 card was lent to measure them. On sm_75 the FMA
+# dot holds its operands in registers: with 4 warps the 16- and 64-row tiles spilled (255
+# registers, 250-1,100 bytes, ptxas), with 8 none do (`benchmarks.quant_compile`).
 CONFIGS: dict[str, list[tuple[int | None, MatmulConfig]]] = {
     "sm75": [
         (4, MatmulConfig(block_m=4, block_n=64, block_k=64, num_warps=4, num_stages=1)),
-        (16, MatmulConfig(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=1)),
-        (None, MatmulConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=1)),
+        (16, MatmulConfig(block_m=16, block_n=64, block_k=64, num_warps=8, num_stages=1)),
+        (None, MatmulConfig(block_m=64, block_n=64, block_k=32, num_warps=8, num_stages=1)),
     ],
     "sm80": [
         (16, MatmulConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
@@ -76,7 +78,7 @@ CONFIGS: dict[str, list[tuple[int | None, MatmulConfig]]] = {
 # The `deterministic` setting: one config per family; narrow weights take narrower column tiles
 # (`configs.matmul_block_n`: set by the weight and the device, never by the call's rows).
 INVARIANT_CONFIGS: dict[str, MatmulConfig] = {
-    "sm75": MatmulConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=1),
+    "sm75": MatmulConfig(block_m=64, block_n=64, block_k=32, num_warps=8, num_stages=1),
     "sm80": MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
     "sm90": MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
 }
@@ -288,6 +290,57 @@ def _store_tile(out_ptr, b_ptr, acc, rows, cols, num_rows, N: tl.constexpr, HAS_
     out_at = out_ptr + rows[None, :].to(tl.int64) * N + cols[:, None]
     mask = col_ok[:, None] & (rows < num_rows)[None, :]
     tl.store(out_at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def meta_weight(
+    out_features: int, in_features: int, bits: int, group: int, offsets: bool
+) -> TritonQuantWeight:
+    """A `TritonQuantWeight` of meta tensors: a layout alone, to plan or compile for."""
+    width = in_features // 2 if bits == 4 else in_features
+    qtype = torch.uint8 if bits == 4 else torch.int8
+    qdata = torch.empty(out_features, width, dtype=qtype, device="meta")
+    scales = torch.empty(in_features // group, out_features, dtype=torch.float16, device="meta")
+    return TritonQuantWeight(bits, group, qdata, scales, scales if offsets else None)
+
+
+def cross_compile(
+    cc: int,
+    launch: Plan,
+    weight: TritonQuantWeight,
+    x_dtype: str = "fp16",
+    bias: bool = False,
+):
+    """`_quant_matmul` compiled for compute capability `cc` (75 for sm_75) without a device, as
+    `linear` launches `launch` on `weight` with `x` of `x_dtype` ("fp16", "bf16", "fp32"): the
+    same constants and the 16-byte alignment of the pointers and of x's row stride that the JIT
+    sees (the alignment sets the loads' vector width, hence the pipelining and shared memory).
+    `weight` may hold meta tensors (`meta_weight`): only its layout is read. Returns Triton's
+    compiled kernel (`.metadata.shared`, `.asm["ptx"]`, `.asm["cubin"]`)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    out_features, in_features = weight.shape
+    cfg = launch.config
+    ptrs = {name: f"*{x_dtype}" for name in ("x_ptr", "b_ptr", "out_ptr")}
+    ptrs.update(q_ptr="*u8" if weight.bits == 4 else "*i8", s_ptr="*fp16", o_ptr="*fp16")
+    ptrs.update(ws_ptr="*fp32", counter_ptr="*i32")
+    consts = dict(N=out_features, K=in_features, GROUP=weight.group_size, BITS=weight.bits)
+    tf32 = x_dtype == "fp32" and cc >= 80
+    consts.update(HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias)
+    consts.update(DOT_PREC="tf32" if tf32 else "ieee", SPLIT_K=launch.split_k)
+    consts.update(STEPS_PER_SPLIT=launch.steps_per_split, BLOCK_M=cfg.block_m)
+    consts.update(BLOCK_N=cfg.block_n, BLOCK_K=launch.block_k)
+    sig, attrs = {}, {}
+    for i, name in enumerate(_quant_matmul.arg_names):
+        sig[name] = "constexpr" if name in consts else ptrs.get(name, "i32")
+        if name in ptrs or name == "stride_xm":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    target = GPUTarget("cuda", cc, 32)
+    options = triton.compiler.make_backend(target).parse_options(
+        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    )
+    source = ASTSource(_quant_matmul, sig, consts, attrs)
+    return triton.compile(source, target=target, options=options.__dict__)
 
 
 @triton.jit(do_not_specialize=["num_rows"])

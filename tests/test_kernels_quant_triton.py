@@ -324,25 +324,6 @@ def test_plan_splits_only_idle_decode_grids_and_never_leaves_a_split_empty(
     assert tq.plan(1, shaped(896, 896), capability, sms).split_k > 1  # Qwen2.5-0.5B's o_proj
 
 
-def _compile_as_launched(fn, pointers: dict[str, str], consts: dict, cc: int, launch: dict):
-    """Cross-compile a `@triton.jit` function for `GPUTarget("cuda", cc, 32)` as the JIT compiles
-    it for the arguments `linear` passes: 16-byte aligned pointers and row stride (the
-    alignment decides the vector width of the loads and so the pipelining and shared memory)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        sig[name] = "constexpr" if name in consts else pointers.get(name, "i32")
-        if name in pointers or name == "stride_xm":
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    target = GPUTarget("cuda", cc, 32)
-    options = triton.compiler.make_backend(target).parse_options(launch)
-    return triton.compile(
-        ASTSource(fn, sig, consts, attrs), target=target, options=options.__dict__
-    )
-
-
 SHARED_LIMITS = {"sm75": configs.SM75_SHARED_LIMIT, "sm80": 99 * 1024}  # sm_86/sm_89: 99 KB
 TARGETS = {"sm75": 75, "sm80": 80, "sm90": 90}
 
@@ -353,10 +334,12 @@ def test_shipped_configs_compile_for_their_architecture(fam: str) -> None:
     """Every config of a family (its row buckets and its batch-invariant one), for two of: 4 bits
     in groups of 128 with offsets (split where the bucket may split), 8 bits per channel with a
     bias, 4 bits in groups of 32 with a ragged last step; `x` in float16 or float32 (sm_75, within
-    its 64 KB of shared memory and on FMA dots: Triton issues no MMA there), or float16, bfloat16
-    or float32 as TF32 (sm_80, within the 99 KB of sm_86/sm_89; sm_90, on warp-group MMA
-    wherever the column tile fills one); the loads software-pipelined wherever the config has
-    stages."""
+    its 64 KB of shared memory and on FMA dots, Triton issuing no MMA there, spilling no
+    register), or float16, bfloat16 or float32 as TF32 (sm_80, within the 99 KB of sm_86/sm_89;
+    sm_90, on warp-group MMA wherever the column tile fills one); the loads software-pipelined
+    wherever the config has stages."""
+    from benchmarks.quant_compile import ptxas_usage
+
     cc = TARGETS[fam]
     shipped = [(most, c) for most, c in tq.CONFIGS[fam]] + [(None, tq.INVARIANT_CONFIGS[fam])]
     dtypes = ["fp16", "fp32"] if fam == "sm75" else ["fp16", "bf16", "fp32"]
@@ -365,23 +348,17 @@ def test_shipped_configs_compile_for_their_architecture(fam: str) -> None:
         for j in (i % 3, (i + 1) % 3):  # two variants a config, each variant in most configs
             bits, group, in_features, offsets = variants[j]
             dtype = dtypes[(i + j) % len(dtypes)]
-            ptrs = {name: f"*{dtype}" for name in ("x_ptr", "b_ptr", "out_ptr")}
-            ptrs.update(q_ptr="*u8" if bits == 4 else "*i8", s_ptr="*fp16", o_ptr="*fp16")
-            ptrs.update(ws_ptr="*fp32", counter_ptr="*i32")
             split = 4 if most is not None else 1
             steps = -(-in_features // cfg.block_k)
-            consts = dict(N=4096, K=in_features, GROUP=group, BITS=bits, HAS_OFFSETS=offsets)
-            tf32 = dtype == "fp32" and cc >= 80
-            consts.update(HAS_BIAS=j == 1, DOT_PREC="tf32" if tf32 else "ieee", SPLIT_K=split)
-            consts.update(STEPS_PER_SPLIT=-(-steps // split), BLOCK_M=cfg.block_m)
-            consts.update(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
-            launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-            kernel = _compile_as_launched(tq._quant_matmul, ptrs, consts, cc, launch)
+            launch = tq.Plan(cfg, cfg.block_k, split, -(-steps // split))
+            weight = tq.meta_weight(4096, in_features, bits, group, offsets)
+            kernel = tq.cross_compile(cc, launch, weight, dtype, bias=j == 1)
             ptx = kernel.asm["ptx"]
             if fam in SHARED_LIMITS:
                 assert kernel.metadata.shared <= SHARED_LIMITS[fam], (cfg, bits, group)
-            if fam == "sm75":
+            if fam == "sm75":  # FMA dots: the operands live in registers, none spilled
                 assert "mma" not in ptx and "bf16" not in ptx
+                assert ptxas_usage(ptx, cc, "sm_75")["spill_bytes"] == 0, cfg
             elif fam == "sm90" and cfg.block_n >= 64:
                 assert "wgmma.mma_async" in ptx, cfg
             assert "cp.async" in ptx or cfg.num_stages == 1, cfg  # the loads are pipelined
