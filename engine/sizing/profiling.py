@@ -96,7 +96,8 @@ def profile_peak_bytes(
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    num_blocks = cdiv(num_tokens, block_size)
+    seq_len = min(num_tokens, model.spec.max_positions)
+    num_blocks = cdiv(num_tokens, seq_len) * cdiv(seq_len, block_size)  # as prefill_forward
     kv = empty_kv_cache(
         model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, device
     )  # as the runner lays it out
@@ -118,18 +119,27 @@ def prefill_forward(
     block_size: int,
     device: torch.device,
 ) -> torch.Tensor:
-    """One sequence's prefill of `num_tokens` dummy tokens through `caches` (its KV written to
-    the first blocks); the hidden states."""
-    num_blocks = cdiv(num_tokens, block_size)
-    positions = torch.arange(num_tokens, device=device)
+    """A prefill of `num_tokens` dummy tokens through `caches` (their KV written to the first
+    blocks): one sequence, or as many as the model's positions need (each at most
+    `spec.max_positions` long: its RoPE table ends there); the hidden states."""
+    seq_len = min(num_tokens, model.spec.max_positions)
+    num_seqs = cdiv(num_tokens, seq_len)
+    per_seq = cdiv(seq_len, block_size)
+    starts = torch.arange(num_seqs + 1, device=device) * seq_len
+    cu = starts.clamp(max=num_tokens).to(torch.int32)
+    tokens = torch.arange(num_tokens, device=device)
+    positions = tokens % seq_len
+    tables = torch.arange(num_seqs * per_seq, dtype=torch.int32, device=device)
+    # each sequence's blocks in a row of its own, its slots inside them
+    slot_mapping = (tokens // seq_len) * (per_seq * block_size) + positions
     meta = AttentionMetadata(
-        slot_mapping=positions.clone(),
+        slot_mapping=slot_mapping,
         batch=PagedBatch(
-            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
-            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=device),
-            cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
-            max_seqlen_q=num_tokens,
-            max_seqlen_k=num_tokens,
+            block_tables=tables.view(num_seqs, per_seq),
+            seq_lens=(cu[1:] - cu[:-1]).to(torch.int32),
+            cu_seqlens_q=cu,
+            max_seqlen_q=seq_len,
+            max_seqlen_k=seq_len,
         ),
     )
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
