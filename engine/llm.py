@@ -219,6 +219,7 @@ class LLM:
             enable_prefix_caching=c.enable_prefix_caching,
             hash_seed=self.seed,
             num_host_blocks=host,
+            sliding_window=self.model.spec.kv_window,
         )
         return limits, cache
 

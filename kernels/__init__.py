@@ -207,9 +207,19 @@ def paged_attention(
     plan_cache: dict | None = None,
     num_splits: int | None = None,
     batch_invariant: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Causal varlen attention of `q`'s rows over the paged cache, as `batch` describes them;
     contract in `kernels.reference`.
+
+    `window`: sliding-window attention (Mistral, Gemma's local layers) as Hugging Face has it:
+    a query at position `p` sees the keys at `p - window < k <= p`; None: every key up to `p`.
+    The blocks of a sequence whose positions all lie at or below `p0 - window` (`p0`: its first
+    query's position in this call) are never read and cannot touch the result, whatever their
+    table entries hold: the engine may free them. `softcap`: logit soft-capping (Gemma 2):
+    scores `s = (q . k) * softmax_scale` become `softcap * tanh(s / softcap)` before the masks
+    and the softmax; None: off. Both None: the causal attention as without them, bit for bit.
 
     `plan_cache`: a dict living for one forward pass that an op may memoise per-step work in
     (the reference's gather indices); the Triton kernels need none. `num_splits`: how many
@@ -219,16 +229,19 @@ def paged_attention(
     where `batch_invariant_serves`).
     """
     args = (q, k_cache, v_cache, batch, softmax_scale)
+    options = dict(window=window, softcap=softcap)
     if _use_triton(q):
         with _needs_triton():
             from .triton_attention import paged_attention as triton_paged_attention
 
-        return triton_paged_attention(*args, num_splits=num_splits, batch_invariant=batch_invariant)
+        return triton_paged_attention(
+            *args, num_splits=num_splits, batch_invariant=batch_invariant, **options
+        )
     if batch_invariant:
         from . import batch_invariant as invariant
 
-        return invariant.paged_attention(*args, plan_cache=plan_cache)
-    return reference.paged_attention(*args, plan_cache=plan_cache)
+        return invariant.paged_attention(*args, plan_cache=plan_cache, **options)
+    return reference.paged_attention(*args, plan_cache=plan_cache, **options)
 
 
 def rms_norm(

@@ -26,6 +26,12 @@ How these ops fix the order:
   by the row's own length. A decode row and a prefill row at the same position take the same
   path. A prefill chunk's tiles of one KV head run as one taller matmul per key tile where a
   probe shows that gives the bits of `Q_ROWS`-row matmuls (`wide_rows_agree`).
+  With a sliding window, a group's keys start at a multiple of `KEY_TILE` (the global tile grid:
+  position `p` is always column `p % KEY_TILE` of its tile) at or below the first key its first
+  row sees; the keys below that (never read: their blocks may be freed) and those outside a
+  row's window are masked. Whole key tiles a row sees nothing of, before its first, add exact
+  zeros to its softmax sums and outputs, so a row's bits do not depend on where its group's
+  keys start. With a soft cap, `tanh` runs in whole-vector pieces, as `silu` does below.
 
 - `silu_and_mul`: every element of `silu` through torch's vectorised loop, never the scalar
   tail whose `exp` rounds otherwise (see the function).
@@ -44,6 +50,7 @@ from torch import Tensor
 
 from . import onednn
 from .paged_batch import PagedBatch
+from .reference import check_options
 
 ROWS = onednn.PACK_ROWS  # rows per projection call: the row count weights are packed for
 Q_ROWS = 4  # query rows (positions x heads of one KV head) per attention tile
@@ -96,16 +103,20 @@ def paged_attention(
     softmax_scale: float,
     *,
     plan_cache: dict | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Causal varlen attention over the paged cache, each row computed in an order set by its own
-    position alone; the contract of `kernels.reference.paged_attention`."""
+    position alone; the contract of `kernels.reference.paged_attention` (`window`, `softcap`
+    included)."""
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-    key = ("batch_invariant_attention", k_cache.shape[1], tokens, num_heads, num_kv_heads)
+    check_options(window, softcap)
+    key = ("batch_invariant_attention", k_cache.shape[1], tokens, num_heads, num_kv_heads, window)
     plan = None if plan_cache is None else plan_cache.get(key)
     if plan is None:
-        plan = _Planner(tokens, num_heads, num_kv_heads, k_cache.shape[1]).plan(
+        plan = _Planner(tokens, num_heads, num_kv_heads, k_cache.shape[1], window).plan(
             batch.block_tables, batch.seq_lens, batch.cu_seqlens_q
         )
         if plan_cache is not None:
@@ -122,43 +133,69 @@ def paged_attention(
         k = k_flat.index_select(0, g.kv_index.flatten()).view(*g.kv_index.shape, head_dim).float()
         v = v_flat.index_select(0, g.kv_index.flatten()).view(*g.kv_index.shape, head_dim).float()
         if g.shared is None:  # tile b reads KV row b
-            o = _attend(qt, k, v, g.visible, softmax_scale)
+            o = _attend(qt, k, v, g.visible, softmax_scale, softcap)
         else:  # one sequence's tiles: those of KV head h are `shared[h]`, reading KV row h
             o = torch.cat([
-                _attend_shared(qt[s], k[h : h + 1], v[h : h + 1], g.visible[s], softmax_scale, wide)
+                _attend_shared(
+                    qt[s], k[h : h + 1], v[h : h + 1], g.visible[s], softmax_scale, wide, softcap
+                )
                 for h, s in enumerate(g.shared)
             ])  # fmt: skip
         out.index_copy_(0, rows, o.view(-1, head_dim))
     return out[:-1].view(tokens, num_heads, head_dim).to(q.dtype)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float, softcap: float | None = None
+) -> Tensor:
     """Attention of query rows `q` `[B, M, D]` over keys and values `[B, L, D]` (`L` a multiple
     of `KEY_TILE`; expanded views are fine), `visible` bool `[B, M, L]`: every matmul is
     `[M, D] x [D, KEY_TILE]` or `[M, KEY_TILE] x [KEY_TILE, D]`, and the key tiles' sums are
-    added in key order."""
+    added in key order. `softcap`: scores become `softcap * tanh(scores / softcap)` before the
+    mask."""
     length = k.shape[1]
     tiles = range(0, length, KEY_TILE)
     kt = k.transpose(1, 2)
     scores = torch.cat([torch.bmm(q, kt[:, :, lo : lo + KEY_TILE]) for lo in tiles], dim=-1)
-    probs = torch.softmax(scores.mul_(scale).masked_fill_(~visible, float("-inf")), dim=-1)
+    scores.mul_(scale)
+    if softcap is not None:
+        _tanh_(scores.div_(softcap)).mul_(softcap)
+    probs = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)
     out = torch.bmm(probs[:, :, :KEY_TILE], v[:, :KEY_TILE])
     for lo in tiles[1:]:
         out += torch.bmm(probs[:, :, lo : lo + KEY_TILE], v[:, lo : lo + KEY_TILE])
     return out
 
 
+def _tanh_(x: Tensor) -> Tensor:
+    """`tanh` in place on a contiguous tensor of a multiple of `SILU_ALIGN` elements, in pieces
+    of `SILU_PIECE`: every element through torch's vectorised loop, never a range's scalar tail
+    (whose rounding differs), however the tensor is sized or split between threads (see
+    `silu_and_mul`)."""
+    flat = x.view(-1)
+    assert flat.numel() % SILU_ALIGN == 0
+    for piece in flat.split(SILU_PIECE):
+        piece.tanh_()
+    return x
+
+
 def _attend_shared(
-    q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float, wide: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    visible: Tensor,
+    scale: float,
+    wide: bool,
+    softcap: float | None = None,
 ) -> Tensor:
     """`_attend` of `n` tiles `[n, Q_ROWS, D]` of one KV head (`k`, `v`: `[1, L, D]`): as one
     matmul of `n * Q_ROWS` rows per key tile where that gives the bits of `Q_ROWS`-row matmuls
     (`wide_rows_agree`), else tile by tile."""
     n = q.shape[0]
     if not wide:
-        return _attend(q, k.expand(n, -1, -1), v.expand(n, -1, -1), visible, scale)
-    flat = _attend(q.view(1, -1, q.shape[-1]), k, v, visible.view(1, -1, visible.shape[-1]), scale)
-    return flat.view(q.shape)
+        return _attend(q, k.expand(n, -1, -1), v.expand(n, -1, -1), visible, scale, softcap)
+    flat_q, flat_visible = q.view(1, -1, q.shape[-1]), visible.view(1, -1, visible.shape[-1])
+    return _attend(flat_q, k, v, flat_visible, scale, softcap).view(q.shape)
 
 
 _WIDE: dict[int, bool] = {}
@@ -191,8 +228,9 @@ class _Group:
         q_index: int64 `[B, Q_ROWS]`, each tile row's row of the flattened `[T * H, D]` queries
             (padding rows: the zero row past the end).
         kv_index: int64 `[O, L]`, the row of the flattened `[slots * Hkv, D]` cache that each
-            key of each KV row reads; positions past a sequence's end read its last written
-            slot (masked).
+            key of each KV row reads, from a multiple of `KEY_TILE` on; positions past a
+            sequence's end read its last written slot, and with a window those below the first
+            key its first query sees read that key's slot (masked).
         shared: None when tile b reads KV row b (decode); else, for one sequence, the slice of
             tiles of each of its KV heads (KV row h).
         visible: bool `[B, Q_ROWS, L]`, which keys each tile row attends to.
@@ -206,13 +244,21 @@ class _Group:
 
 class _Planner:
     """The tiles of one step: every decode row in one group, each prefill sequence in groups of
-    up to `Q_CHUNK` positions. The same for every layer, so made once a step."""
+    up to `Q_CHUNK` positions. The same for every layer of one window, so made once a step."""
 
-    def __init__(self, tokens: int, num_heads: int, num_kv_heads: int, block_size: int) -> None:
+    def __init__(
+        self,
+        tokens: int,
+        num_heads: int,
+        num_kv_heads: int,
+        block_size: int,
+        window: int | None = None,
+    ) -> None:
         self.pad_row = tokens * num_heads
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.group = num_heads // num_kv_heads
         self.block_size = block_size
+        self.window = window
 
     def plan(self, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor) -> list[_Group]:
         starts = cu_seqlens_q[:-1].to(torch.int64).tolist()
@@ -234,10 +280,17 @@ class _Planner:
             groups.append(self._decode(decode, tables, lens))
         return groups
 
-    def _kv_rows(self, table: Tensor, length: int, padded: int) -> Tensor:
-        """int64 `[Hkv, padded]`: the flattened-cache row of each key position of each KV head
-        of a sequence of `length` keys; positions past it read the last one."""
-        pos = torch.arange(padded).clamp_(max=length - 1)
+    def _first_key(self, position: int) -> int:
+        """The first key a query at `position` sees."""
+        return 0 if self.window is None else max(0, position - self.window + 1)
+
+    def _kv_rows(
+        self, table: Tensor, length: int, padded: int, start: int = 0, lowest: int = 0
+    ) -> Tensor:
+        """int64 `[Hkv, padded]`: the flattened-cache row of each key position `start ...` of
+        each KV head of a sequence of `length` keys; positions past it read the last one, and
+        those below `lowest` (the first key the group's first query sees) read that one."""
+        pos = torch.arange(start, start + padded).clamp_(min=lowest, max=length - 1)
         slots = table[pos // self.block_size] * self.block_size + pos % self.block_size
         return slots[None, :] * self.num_kv_heads + torch.arange(self.num_kv_heads)[:, None]
 
@@ -253,9 +306,13 @@ class _Planner:
         """Prefill rows `lo:hi` of one sequence (row `lo` at position `first`): per KV head, the
         rows of its query heads, position-major, in tiles."""
         length = first + (hi - lo)  # keys of the chunk's last row
-        padded = _padded(length)
+        lowest = self._first_key(first)
+        start = _tile_start(lowest)
+        padded = _padded(length - start)
         tokens = torch.arange(lo, hi)
         keys = (tokens - lo + first + 1)[:, None].expand(-1, self.group).flatten()
+        # a padding row sees one key, never NaN: the first (or, with a window, the first row's)
+        fill = 1 if self.window is None else first + 1
         q_tiles, n_keys, shared = [], [], []
         for h in range(self.num_kv_heads):
             rows = (tokens[:, None] * self.num_heads + self._heads(h)[None, :]).flatten()
@@ -263,23 +320,29 @@ class _Planner:
             done = sum(t.shape[0] for t in q_tiles)
             shared.append(slice(done, done + tiles.shape[0]))
             q_tiles.append(tiles)
-            n_keys.append(self._tiles(keys, 1))  # a padding row sees one key: never NaN
-        kv_index = self._kv_rows(table, length, padded)
-        return _Group(torch.cat(q_tiles), kv_index, shared, _visible(torch.cat(n_keys), padded))
+            n_keys.append(self._tiles(keys, fill))
+        kv_index = self._kv_rows(table, length, padded, start, lowest)
+        visible = _visible(torch.cat(n_keys), padded, start, self.window)
+        return _Group(torch.cat(q_tiles), kv_index, shared, visible)
 
     def _decode(self, decode: list[tuple[int, int]], tables: Tensor, lens: list[int]) -> _Group:
         """One query row per sequence: per sequence and KV head, the rows of its query heads in
         tiles (one tile each unless a KV head serves more than `Q_ROWS` query heads)."""
-        padded = _padded(max(lens[i] for i, _ in decode))
-        q_tiles, n_keys, kv = [], [], []
+        lowest = {i: self._first_key(lens[i] - 1) for i, _ in decode}
+        starts = {i: _tile_start(lowest[i]) for i, _ in decode}
+        padded = _padded(max(lens[i] - starts[i] for i, _ in decode))
+        q_tiles, n_keys, kv, tile_starts = [], [], [], []
         for i, row in decode:
-            kv_rows = self._kv_rows(tables[i], lens[i], padded)
+            kv_rows = self._kv_rows(tables[i], lens[i], padded, starts[i], lowest[i])
             for h in range(self.num_kv_heads):
                 tiles = self._tiles(row * self.num_heads + self._heads(h), self.pad_row)
                 q_tiles.append(tiles)
                 n_keys.append(torch.full(tiles.shape, lens[i]))
                 kv.append(kv_rows[h : h + 1].expand(tiles.shape[0], -1))
-        return _Group(torch.cat(q_tiles), torch.cat(kv), None, _visible(torch.cat(n_keys), padded))
+                tile_starts.append(torch.full(tiles.shape[:1], starts[i]))
+        start = torch.cat(tile_starts)[:, None, None] if self.window is not None else 0
+        visible = _visible(torch.cat(n_keys), padded, start, self.window)
+        return _Group(torch.cat(q_tiles), torch.cat(kv), None, visible)
 
 
 def _padded(length: int) -> int:
@@ -287,6 +350,19 @@ def _padded(length: int) -> int:
     return -(-length // KEY_TILE) * KEY_TILE
 
 
-def _visible(n_keys: Tensor, padded: int) -> Tensor:
-    """bool `[B, Q_ROWS, padded]`: key l is visible to a row that sees `n_keys` keys."""
-    return torch.arange(padded)[None, None, :] < n_keys[:, :, None]
+def _tile_start(position: int) -> int:
+    """The first position of the `KEY_TILE` tile of the global grid that holds `position`."""
+    return position // KEY_TILE * KEY_TILE
+
+
+def _visible(
+    n_keys: Tensor, padded: int, start: int | Tensor = 0, window: int | None = None
+) -> Tensor:
+    """bool `[B, Q_ROWS, padded]`: key `start + l` is visible to a row that sees `n_keys` keys,
+    those below `n_keys` (with a window, only the last `window` of them); `start`: an int, or a
+    tensor `[B, 1, 1]` of each tile's."""
+    keys = start + torch.arange(padded)[None, None, :]
+    visible = keys < n_keys[:, :, None]
+    if window is not None:
+        visible &= keys >= n_keys[:, :, None] - window
+    return visible

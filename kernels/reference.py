@@ -49,11 +49,24 @@ def paged_attention(
     softmax_scale: float,
     *,
     plan_cache: dict | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Causal attention of a flat varlen batch of queries over a paged KV cache.
 
     Decode rows (`q_len == 1`) are batched together; other sequences go one at a time, `Q_CHUNK`
     query rows at a time. Softmax and accumulation are in float32.
+
+    Scores are `s = (q . k) * softmax_scale`; with `softcap`, `s = softcap * tanh(s / softcap)`
+    (Gemma 2); then the causal (and window) mask and the softmax, as Hugging Face's eager
+    attention orders them.
+
+    With `window`, a query at position `p` attends to keys at positions `k` with
+    `p - window < k <= p` (the `window` most recent, its own included: Hugging Face's sliding
+    window). A sequence's cache blocks whose positions all lie at or below `p0 - window`, `p0`
+    its first query's position in this call, are never read and cannot touch the result: the
+    engine frees such blocks and may hand them to other sequences, their table entries left
+    holding stale ids (or 0).
 
     Args:
         q: `[num_tokens, num_heads, head_dim]`; `num_heads % num_kv_heads == 0` (GQA).
@@ -62,16 +75,21 @@ def paged_attention(
             attends to); its two maxima are unused here.
         softmax_scale: multiplier of `q @ k^T`, usually `head_dim ** -0.5`.
         plan_cache: a dict that lives for one step (one forward pass), shared by its layers: the
-            gather indices and masks, the same for every layer, are computed once and kept there.
+            gather indices and masks, the same for every layer of one window, are computed once
+            and kept there (keyed by block size and window).
+        window: sliding-window length in positions (>= 1), or None for full causal attention.
+        softcap: logit soft-capping value (> 0), or None for none.
 
     Returns:
         `[num_tokens, num_heads, head_dim]` in `q`'s dtype.
     """
     assert q.shape[1] % k_cache.shape[2] == 0, "num_heads must be a multiple of num_kv_heads"
-    key = ("paged_attention", k_cache.shape[1])
+    check_options(window, softcap)
+    key = ("paged_attention", k_cache.shape[1], window)
     plan = None if plan_cache is None else plan_cache.get(key)
     if plan is None:
-        plan = _plan(batch.block_tables, batch.seq_lens, batch.cu_seqlens_q, k_cache.shape[1])
+        tables, lens, cu = batch.block_tables, batch.seq_lens, batch.cu_seqlens_q
+        plan = _plan(tables, lens, cu, k_cache.shape[1], window)
         if plan_cache is not None:
             plan_cache[key] = plan
     out = torch.empty_like(q)
@@ -84,16 +102,45 @@ def paged_attention(
         k = k_flat.index_select(0, g.slots).view(shape).transpose(1, 2)  # [S, Hkv, L, D]
         v = v_flat.index_select(0, g.slots).view(shape).transpose(1, 2)
         rows = q[g.q_rows].unsqueeze(1 if g.decode else 0)  # [S, Q, H, D]
-        o = F.scaled_dot_product_attention(
-            rows.float().transpose(1, 2),
-            k.float(),
-            v.float(),
-            attn_mask=g.mask,
-            scale=softmax_scale,
-            enable_gqa=True,
-        ).transpose(1, 2)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(
+                rows.float().transpose(1, 2),
+                k.float(),
+                v.float(),
+                attn_mask=g.mask,
+                scale=softmax_scale,
+                enable_gqa=True,
+            ).transpose(1, 2)
+        else:
+            o = _capped(rows.float(), k.float(), v.float(), g.mask, softmax_scale, softcap)
         out[g.q_rows] = (o[:, 0] if g.decode else o[0]).to(q.dtype)
     return out
+
+
+def check_options(window: int | None, softcap: float | None) -> None:
+    """Raise ValueError unless `window` is None or a positive int and `softcap` None or > 0."""
+    if window is not None and (isinstance(window, bool) or int(window) != window or window < 1):
+        raise ValueError(f"window must be None or an integer >= 1, not {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be None or > 0, not {softcap!r}")
+
+
+def _capped(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, softcap: float) -> Tensor:
+    """SDPA with soft-capped scores, in float32: q `[S, Q, H, D]`, k/v `[S, Hkv, L, D]`, mask
+    bool `[S, 1, Q, L]` -> `[S, Q, H, D]`. Masked positions get probability 0 exactly (their
+    values are finite: the gather reads only slots the sequence wrote and may read)."""
+    num_seqs, q_len, num_heads, head_dim = q.shape
+    num_kv_heads, kv_len = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    # query head h reads KV head h // group: [S, Hkv, group * Q, D], rows (head in group, query)
+    qg = q.permute(0, 2, 1, 3).reshape(num_seqs, num_kv_heads, group * q_len, head_dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.view(num_seqs, num_kv_heads, group, q_len, kv_len)
+    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    probs = scores.softmax(-1).view(num_seqs, num_kv_heads, group * q_len, kv_len)
+    o = torch.matmul(probs, v).view(num_seqs, num_heads, q_len, head_dim)
+    return o.transpose(1, 2)
 
 
 @dataclass
@@ -103,9 +150,11 @@ class _Group:
     Attributes:
         q_rows: rows of `q` (and of the output) it computes: a tensor of indices for a decode
             group, a slice for one prefill chunk.
-        slots: int64 `[S * L]`, the cache slot of each gathered position.
+        slots: int64 `[S * L]`, the cache slot of each gathered position (a sequence's `L`
+            positions start at the first key its first query sees).
         shape: `(S, L)`.
-        mask: bool `[S, 1, Q, L]`, causal and hiding positions past each sequence's length.
+        mask: bool `[S, 1, Q, L]`, causal (and the window), hiding positions past each
+            sequence's length.
         decode: one query per sequence (the rows are stacked as sequences).
     """
 
@@ -122,9 +171,15 @@ class _Plan:
     groups: list[_Group]
 
 
-def _plan(block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor, block_size: int) -> _Plan:
-    """What to gather and mask for a step: the same for every layer, so computed once a step
-    when the caller passes a `plan_cache`."""
+def _plan(
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    block_size: int,
+    window: int | None,
+) -> _Plan:
+    """What to gather and mask for a step: the same for every layer of one window, so computed
+    once a step when the caller passes a `plan_cache`."""
     starts = cu_seqlens_q[:-1].to(torch.int64)
     q_lens = cu_seqlens_q[1:].to(torch.int64) - starts
     empty = (q_lens == 1) & (seq_lens <= 0)  # padding rows of a decode graph: attend to nothing
@@ -132,31 +187,47 @@ def _plan(block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor, block_si
     decode = ((q_lens == 1) & ~empty).nonzero().flatten()
     if decode.numel() > 0:
         tables, lens = block_tables[decode], seq_lens[decode]
-        groups.append(_group(starts[decode], tables, lens, 1, True, block_size))
+        groups.append(_group(starts[decode], tables, lens, 1, True, block_size, window))
     for i in (q_lens > 1).nonzero().flatten().tolist():
         start, end, seq_len = int(starts[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i])
         for lo in range(start, end, Q_CHUNK):
             hi = min(lo + Q_CHUNK, end)
             visible = seq_lens.new_tensor([seq_len - (end - hi)])  # keys of the chunk's last row
             table = block_tables[i : i + 1]
-            groups.append(_group(slice(lo, hi), table, visible, hi - lo, False, block_size))
+            chunk = _group(slice(lo, hi), table, visible, hi - lo, False, block_size, window)
+            groups.append(chunk)
     return _Plan(starts[empty] if bool(empty.any()) else None, groups)
 
 
 def _group(
-    q_rows, block_tables: Tensor, seq_lens: Tensor, q_len: int, decode: bool, block_size: int
+    q_rows,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    q_len: int,
+    decode: bool,
+    block_size: int,
+    window: int | None,
 ) -> _Group:
-    """Positions past a sequence's end read its own last slot: the mask hides them, and reading
-    only slots the sequence has written keeps stale data of other sequences (even NaN, where
-    0 * NaN would leak through the mask) out, and table padding unread."""
+    """Each sequence's keys from the first its first query sees (0, or with a window
+    `first query position - window + 1`) to its end. Positions past a sequence's end read its own
+    last slot: the mask hides them, and reading only slots the sequence has written (and, with a
+    window, may still read) keeps stale data of other sequences (even NaN, where 0 * NaN would
+    leak through the mask) out, and table padding and freed blocks' entries unread."""
     seq_lens = seq_lens.to(torch.int64)
-    kv_len = int(seq_lens.max())
     device = seq_lens.device
-    pos = torch.minimum(torch.arange(kv_len, device=device)[None, :], seq_lens[:, None] - 1)
+    q_pos = seq_lens[:, None] - q_len + torch.arange(q_len, device=device)  # [S, Q]
+    if window is None:
+        lo = torch.zeros_like(seq_lens)
+    else:
+        lo = (seq_lens - q_len - window + 1).clamp_(min=0)  # first key the first query sees
+    kv_len = int((seq_lens - lo).max())
+    keys = lo[:, None] + torch.arange(kv_len, device=device)[None, :]  # [S, L] positions
+    pos = torch.minimum(keys, seq_lens[:, None] - 1)
     slots = block_tables.to(torch.int64).gather(1, pos // block_size) * block_size
     slots = (slots + pos % block_size).flatten()
-    q_pos = seq_lens[:, None] - q_len + torch.arange(q_len, device=device)
-    mask = torch.arange(kv_len, device=device)[None, None, :] <= q_pos[:, :, None]  # [S, Q, L]
+    mask = keys[:, None, :] <= q_pos[:, :, None]  # [S, Q, L]
+    if window is not None:
+        mask &= keys[:, None, :] > q_pos[:, :, None] - window
     return _Group(q_rows, slots, tuple(pos.shape), mask[:, None], decode)
 
 

@@ -10,7 +10,13 @@ split of each sequence and KV head to finish merges them in the same launch, cou
 atomic counter). A program reads the block ids of its next tile while it computes the current
 one, so its K/V loads never wait on the table within an iteration. A prefill query block reads
 the tiles below its first query unmasked and masks only the diagonal ones after them.
-Same contract as `kernels.reference.paged_attention`.
+
+A sliding window (`WINDOW`) starts a program's walk at the tile of the global `TILE_N` grid
+that holds the first key its first query sees, and masks the tiles at the window's lower edge
+(no position below that key is loaded: its block may be freed and reused); split-KV deals only
+the tiles from there on. A soft cap (`SOFTCAP`) passes the scores through `tanh` (by `exp2`)
+before the masks. Both are compile-time constants, 0 for off, which compiles the kernel as it
+is without them. Same contract as `kernels.reference.paged_attention`.
 """
 
 from __future__ import annotations
@@ -25,9 +31,21 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .configs import AttentionConfig, lookup, lookup_invariant, pdl_capable, phase_of
 from .paged_batch import PagedBatch
+from .reference import check_options
 from .triton_splits import _merge_splits, _split_counters, choose_num_splits
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from `exp2` (no libdevice call: the same on sm_75, newer GPUs and the
+    interpreter): `sign(x) * (1 - e) / (1 + e)` with `e = exp(-2|x|)` in (0, 1], so nothing
+    overflows; absolute error a few float32 ulps of 1."""
+    e = tl.exp2(tl.abs(x) * (-2.0 * _LOG2E))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -60,17 +78,21 @@ def _query_block(cu_q_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr, ONE_QBLOCK: tl.
 
 @triton.jit
 def _tile(
-    j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d, d_ok,
-    qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
+    j, q, q_pos, limit, win_lo, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
+    d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
-    COLUMN_SUMS: tl.constexpr,
+    COLUMN_SUMS: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """One KV tile `j` (positions `j * TILE_N ...`, block ids `blk_next`) folded into the online
     softmax state (m_i, l_acc, acc); returns it with the block ids of this split's next tile.
-    `MASKED=False` only for tiles every row sees whole (below `limit` and below every query)."""
+    `MASKED=False` only for tiles every row sees whole (below `limit` and below every query,
+    and with a window at or above every query's first key). With a window, masked tiles load
+    nothing below `win_lo` (the first key the program's first query sees)."""
     pos = j * TILE_N + tl.arange(0, TILE_N)
     pos_ok = pos < limit
+    if WINDOW > 0:
+        pos_ok = pos_ok & (pos >= win_lo)
     blk = blk_next.to(tl.int64)
     # Masked by the table's width, not the sequence's length, so the load waits on nothing but
     # its address (the pipeliner peels the first iterations' into the prologue, where the length
@@ -84,16 +106,21 @@ def _tile(
         k = tl.load(k_head + k_off, mask=d_ok[:, None] & pos_ok[None, :], other=0.0)
     else:
         k = tl.load(k_head + k_off, mask=d_ok[:, None], other=0.0)
-    s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
+    if SOFTCAP > 0:  # qk_scale is softmax_scale / SOFTCAP: tanh's argument
+        s = _tanh(tl.dot(q, k, input_precision=DOT_PREC) * qk_scale) * (SOFTCAP * _LOG2E)
+    else:
+        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # log2 domain
     if not MASKED:
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees the whole tile
         m_safe = m_new
-    elif BLOCK_Q == 1:  # decode: exactly the keys below `limit`, its own position + 1
+    elif BLOCK_Q == 1:  # decode: exactly the keys in [win_lo, limit), its window
         s = tl.where(pos_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key below `limit`
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a tile has a key in the window
         m_safe = m_new
     else:
         visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        if WINDOW > 0:
+            visible = visible & (pos[None, :] > q_pos[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
@@ -123,8 +150,10 @@ def _attn_fwd(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
     DOT_PREC: tl.constexpr, FUSED_COMBINE: tl.constexpr, PDL: tl.constexpr,
-    COLUMN_SUMS: tl.constexpr,
+    COLUMN_SUMS: tl.constexpr, WINDOW: tl.constexpr = 0, SOFTCAP: tl.constexpr = 0.0,
 ):  # fmt: skip
+    """`WINDOW`: sliding-window length (0: none). `SOFTCAP`: logit soft cap (0: none); then
+    `qk_scale` is `softmax_scale / SOFTCAP`, else `softmax_scale * log2(e)`."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -132,9 +161,11 @@ def _attn_fwd(
     # Tiles are dealt to splits round robin (split s takes tiles s, s + S, ...), so a program's
     # first tile is known before the sequence's length: its block ids load alongside the
     # lengths (the row's unused entries are in bounds and only ever feed masked K/V loads).
+    # With a window the first tile is the window's, known once the length is (below).
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
-    blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
+    if WINDOW == 0:
+        first = (split * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+        blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -168,14 +199,22 @@ def _attn_fwd(
         # before its first K/V load. A sequence without queries sees no keys instead.
         limit = tl.where(q_len > 0, limit, 0)
     num_tiles = tl.cdiv(limit, TILE_N)
+    # tiles [tile_lo, num_tiles) hold the keys any row sees; keys below win_lo are never read
+    win_lo = 0
+    tile_lo = 0
+    if WINDOW > 0:
+        win_lo = tl.maximum(context + qb_start - WINDOW + 1, 0)  # the first query's first key
+        tile_lo = tl.minimum(win_lo // TILE_N, num_tiles)
+        first = ((tile_lo + split) * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE
+        blk_next = tl.load(bt_row + first, mask=first < bt_cols, other=0)
     if NUM_SPLITS > 1:
-        if FUSED_COMBINE and num_tiles == 0 and split == 0:
+        if FUSED_COMBINE and num_tiles - tile_lo == 0 and split == 0:
             # A length-0 row (a decode graph's padding) has no split to merge: zeros, as the
             # combine kernel writes them.
             o_off = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
             zero = tl.zeros([BLOCK_M, D_PAD], tl.float32).to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + o_off, zero, mask=row_ok[:, None] & d_ok[None, :])
-        if split >= num_tiles:
+        if split >= num_tiles - tile_lo:
             return
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     # One-token query blocks (decode) keep their row sums per column and sum them once after
@@ -193,22 +232,51 @@ def _attn_fwd(
     # waits on the table inside an iteration (the pipeliner keeps K/V tiles in flight).
     # Two passes over one tile body: the tiles below the block's first query position, which
     # every row sees whole (no causal or length mask; prefill only), then the rest, masked.
-    # Decode (one query token a program) has only the masked pass, from its split on.
+    # Decode (one query token a program) has only the masked pass, from its split on. A window
+    # adds a masked pass before them, over the tiles at its lower edge.
     full = tl.minimum((context + qb_start + 1) // TILE_N, num_tiles)
-    for masked in tl.static_range(BLOCK_Q == 1, 2):
-        lo = split
-        hi = full
-        if masked:
-            hi = num_tiles
-            if BLOCK_Q > 1:
-                # this split's first tile from `full` on (the block ids loaded last are its)
-                lo = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
-        for j in range(lo, hi, NUM_SPLITS):
-            m_i, l_acc, acc, blk_next = _tile(
-                j, q, q_pos, limit, m_i, l_acc, acc, blk_next, bt_row, bt_cols, k_head, v_head, d,
-                d_ok, qk_scale, stride_kb, stride_ko, stride_kd, stride_vb, stride_vo, stride_vd,
-                BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS, DOT_PREC, masked == 1, COLUMN_SUMS,
-            )  # fmt: skip
+    if WINDOW == 0:
+        for masked in tl.static_range(BLOCK_Q == 1, 2):
+            lo = split
+            hi = full
+            if masked:
+                hi = num_tiles
+                if BLOCK_Q > 1:
+                    # this split's first tile from `full` on (the block ids loaded last are its)
+                    lo = full + (split - full % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+            for j in range(lo, hi, NUM_SPLITS):
+                m_i, l_acc, acc, blk_next = _tile(
+                    j, q, q_pos, limit, win_lo, m_i, l_acc, acc, blk_next, bt_row, bt_cols,
+                    k_head, v_head, d, d_ok, qk_scale, stride_kb, stride_ko, stride_kd,
+                    stride_vb, stride_vo, stride_vd, BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS,
+                    DOT_PREC, masked == 1, COLUMN_SUMS, WINDOW, SOFTCAP,
+                )  # fmt: skip
+    else:
+        # Three passes in key order over this split's tiles (tile_lo + split, + S, ...): the
+        # window's lower edge (masked), the tiles every row sees whole (from the first at or
+        # above the last query's first key, `limit - WINDOW`, up to `full`), the diagonal
+        # (masked). Decode has the one masked pass.
+        whole = tl.minimum(tl.cdiv(tl.maximum(limit - WINDOW, 0), TILE_N), full)
+        phase = (tile_lo + split) % NUM_SPLITS
+        for part in tl.static_range(2 * (BLOCK_Q == 1), 3):
+            if part == 0:
+                lo = tile_lo
+                hi = whole
+            elif part == 1:
+                lo = whole
+                hi = full
+            else:
+                lo = tile_lo if BLOCK_Q == 1 else full
+                hi = num_tiles
+            # this split's first tile from `lo` on (the block ids loaded last are its)
+            lo = lo + (phase - lo % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+            for j in range(lo, hi, NUM_SPLITS):
+                m_i, l_acc, acc, blk_next = _tile(
+                    j, q, q_pos, limit, win_lo, m_i, l_acc, acc, blk_next, bt_row, bt_cols,
+                    k_head, v_head, d, d_ok, qk_scale, stride_kb, stride_ko, stride_kd,
+                    stride_vb, stride_vo, stride_vd, BLOCK_SIZE, BLOCK_Q, TILE_N, NUM_SPLITS,
+                    DOT_PREC, part != 1, COLUMN_SUMS, WINDOW, SOFTCAP,
+                )  # fmt: skip
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue during the merge
     l_i = tl.sum(l_acc, 1)
@@ -232,7 +300,7 @@ def _attn_fwd(
             # second launch: every thread's stores are issued (barrier), then one acq_rel atomic
             # at GPU scope publishes them and tells this program whether it came last.
             tl.debug_barrier()
-            active = tl.minimum(num_tiles, NUM_SPLITS)
+            active = tl.minimum(num_tiles - tile_lo, NUM_SPLITS)
             counter = counter_ptr + pid * tl.num_programs(1) + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
                 tl.store(counter, 0)  # ready for the next call (the next layer, the next step)
@@ -249,7 +317,7 @@ def _combine_splits(
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, ONE_QBLOCK: tl.constexpr, WINDOW: tl.constexpr = 0,
 ):  # fmt: skip
     pid = tl.program_id(0)  # the query-block program of `_attn_fwd` whose splits this merges
     kvh = tl.program_id(1)
@@ -260,8 +328,12 @@ def _combine_splits(
         return
     # The splits that had work, recomputed exactly as `_attn_fwd` chose them.
     # (a length-0 row, a decode graph's padding, has none and comes out as zeros)
-    limit = tl.load(seq_lens_ptr + seq) - q_len + tl.minimum(qb_start + BLOCK_Q, q_len)
-    active = tl.minimum(tl.cdiv(limit, TILE_N), NUM_SPLITS)
+    context = tl.load(seq_lens_ptr + seq) - q_len
+    limit = context + tl.minimum(qb_start + BLOCK_Q, q_len)
+    num_tiles = tl.cdiv(limit, TILE_N)
+    if WINDOW > 0:  # the tiles from the window's first on
+        num_tiles -= tl.minimum(tl.maximum(context + qb_start - WINDOW + 1, 0) // TILE_N, num_tiles)
+    active = tl.minimum(num_tiles, NUM_SPLITS)
     _merge_splits(
         out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, pid, kvh, tl.num_programs(1), q_begin,
         qb_start, q_len, active, stride_ot, stride_oh, stride_od, GROUP, HEAD_DIM, D_PAD,
@@ -300,8 +372,11 @@ def paged_attention(
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
     batch_invariant: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
-    """Causal attention of a flat varlen batch over a paged KV cache (see the reference op).
+    """Causal attention of a flat varlen batch over a paged KV cache (see the reference op,
+    whose `window` and `softcap` these are: each a compile-time constant of the kernel).
 
     `batch.max_seqlen_q` picks the decode path and the grid; `batch.max_seqlen_k` only sizes
     the split count. `num_splits` forces the split count: of a decode batch
@@ -316,8 +391,12 @@ def paged_attention(
     masked whole, which leaves its softmax state unchanged bit for bit. Nor does the compiler
     contract a multiply and an add into one rounding (`enable_fp_fusion`): it would in the tiles
     every row of a prefill block sees whole (`s * scale - m`) but not in the masked ones, so a
-    key tile's bits would depend on where the row's query block starts.
+    key tile's bits would depend on where the row's query block starts. With a window, the
+    tiles are those of the global `TILE_N` grid wherever a block starts, and the ones a block
+    reads below a row's window (for its earlier rows) come before the row's first and leave its
+    state as it started, bit for bit: a row's bits still depend on its own sequence alone.
     """
+    check_options(window, softcap)
     block_tables, seq_lens, cu_seqlens_q = batch.block_tables, batch.seq_lens, batch.cu_seqlens_q
     max_seqlen_q, max_seqlen_k = batch.max_seqlen_q, batch.max_seqlen_k
     num_tokens, num_heads, head_dim = q.shape
@@ -339,9 +418,9 @@ def paged_attention(
     if batch_invariant:
         splits = 1
     elif decode:
-        splits = num_splits or choose_num_splits(
-            num_seqs, num_kv_heads, max_seqlen_k, num_sms, cfg.tile_n
-        )
+        # with a window, only its tiles are shared out: at most `window + tile_n - 1` positions
+        span = max_seqlen_k if window is None else min(max_seqlen_k, window + cfg.tile_n - 1)
+        splits = num_splits or choose_num_splits(num_seqs, num_kv_heads, span, num_sms, cfg.tile_n)
     else:  # prefill programs split only when asked (a graph of few sequences and long contexts)
         splits = num_splits or 1
     d_pad = max(16, triton.next_power_of_2(head_dim))
@@ -357,16 +436,17 @@ def paged_attention(
         acc_ws = m_ws = l_ws = out  # never touched
     counters = _split_counters(q.device, grid0 * num_kv_heads) if fused else out
     consts = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_Q=block_q, BLOCK_M=block_m)
-    consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=splits)
+    consts.update(TILE_N=cfg.tile_n, NUM_SPLITS=splits, WINDOW=int(window or 0))
+    qk_scale = softmax_scale * LOG2E if softcap is None else softmax_scale / softcap
     _attn_fwd[(grid0, num_kv_heads, splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, acc_ws, m_ws, l_ws,
-        counters, num_seqs, softmax_scale * LOG2E, *q.stride(), *out.stride(), *k_cache.stride(),
+        counters, num_seqs, qk_scale, *q.stride(), *out.stride(), *k_cache.stride(),
         *v_cache.stride(), block_tables.stride(0), block_tables.shape[1],
         BLOCK_SIZE=block_size, ONE_QBLOCK=one_qblock, FUSED_COMBINE=fused, PDL=pdl,
         launch_pdl=pdl, COLUMN_SUMS=block_q == 1 and not batch_invariant,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
-        enable_fp_fusion=not batch_invariant,
+        SOFTCAP=float(softcap or 0.0), enable_fp_fusion=not batch_invariant,
     )  # fmt: skip
     if splits > 1 and not fused:
         _combine_splits[(grid0, num_kv_heads)](

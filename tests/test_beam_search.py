@@ -45,7 +45,7 @@ ATOL = 1e-4
 # The EOS id of each tiny model (its config's eos_token_id, which the engine uses): a token that
 # its beams reach within MAX_TOKENS on the prompts of the cases below, so that hypotheses both
 # stop at EOS and run to the length limit.
-EOS = {"llama": 94, "qwen2": 14, "qwen3": 228}
+EOS = {"llama": 94, "qwen2": 14, "qwen3": 228, "mistral": 94}  # mistral: its no-EOS cases
 MAX_TOKENS = 12
 
 _rng = random.Random(0)
@@ -296,6 +296,11 @@ CASES = {
             beam(8, early_stopping="never"),
             beam(4, length_penalty=2.0, early_stopping=True),
         ),
+    ),
+    # a sliding window (24) shorter than the prompts, beams giving back their old blocks, on a
+    # pool that preempts
+    "mistral-window-preemption": Case(
+        "mistral", (beam(ignore_eos=True),), pool=12, prompts=tuple(map(tuple, PROMPTS))
     ),
     # a pool that cannot hold the three groups at once: whole groups are preempted, resumed
     "preemption": Case(

@@ -289,3 +289,37 @@ def test_quantization_shrinks_the_weights_and_grows_the_pool(tmp_path: Path) -> 
     assert small["weights_bytes"] < 0.5 * large["weights_bytes"]  # embeddings stay 16-bit
     code, out = invoke(*card, "--device-memory", "4GiB", "--quantization", "int4")
     assert code == 64 and "already quantized (gptq)" in out
+
+
+def test_a_sliding_window_caps_what_a_long_sequence_holds(tmp_path: Path) -> None:
+    """Mistral-7B v0.1 (a 4,096-token window on every layer): at 16K tokens a paged sequence
+    holds its window's blocks and one more, a contiguous one a window-long ring buffer; the same
+    config without the window holds every token."""
+    from pagedctl.engine.sizing.kv import blocks_held
+
+    assert blocks_held(10_000, 16, 4096) == 625 - (10_000 - 4096) // 16 == 256
+    assert blocks_held(100, 16, 4096) == blocks_held(100, 16) == 7
+    config = {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "sliding_window": 4096, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    docs = {}
+    for name, window in (("window", 4096), ("full", None)):
+        path = tmp_path / f"config-{name}.json"
+        path.write_text(json.dumps({**config, "sliding_window": window}))
+        args = ["--model", path, "--gpu", "a100-80g", "--max-len", "16384", "--no-sim"]
+        code, out = invoke(*args, "--block-size", "16", "--out", tmp_path, "--name", name)
+        assert code == 0, out
+        docs[name] = result(tmp_path, name)
+    rows = {k: {r["seq_len"]: r for r in d["sections"]["lengths"]} for k, d in docs.items()}
+    pool = docs["window"]["sections"]["pool"][0]
+    per_seq = 16 * 2 * 32 * 8 * 128 * 2  # a block's bytes: 16 tokens x K and V x layers x heads
+    assert rows["window"][16384]["paged"] == pool["num_blocks"] // blocks_held(16384, 16, 4096)
+    assert rows["full"][16384]["paged"] == pool["num_blocks"] // 1024
+    assert rows["window"][16384]["paged"] > 3 * rows["full"][16384]["paged"]
+    assert rows["window"][4096]["paged"] == rows["full"][4096]["paged"]
+    ring = pool["kv_budget_bytes"] // (4096 * per_seq // 16)
+    assert rows["window"][16384]["contiguous_same_budget"] == ring
+    assert rows["full"][16384]["contiguous_same_budget"] == ring // 4

@@ -82,6 +82,9 @@ CASES = {
     # untied: 32 x (4096*4096 + 2*1024*4096 + 4096*4096 + 3*4096*14336 + 2*4096)
     # + 2*128256*4096 + 4096
     "llama-3-8b": (2 * 32 * 8 * 128 * 2, 8_030_261_248),
+    # Mistral-7B v0.1: 32 x (4096*4096 + 2*1024*4096 + 4096*4096 + 3*4096*14336 + 2*4096)
+    # + 2*32000*4096 + 4096
+    "mistral-7b": (2 * 32 * 8 * 128 * 2, 7_241_732_096),
     # explicit head_dim 128 (hidden / heads = 64): 28 x (1024*2048 + 2*1024*1024 + 2048*1024
     # + 3*1024*3072 + 2*1024 + 2*128) + 151936*1024 + 1024
     "qwen3-0.6b": (2 * 28 * 8 * 128 * 2, 596_049_920),
@@ -151,7 +154,15 @@ def test_notes_for_sliding_windows_and_unknown_types(tmp_path: Path) -> None:
     assert "sliding window 4096" not in notes  # gemma does not use it unless it says so
     assert "model_type 'gemma'" in notes
     path.write_text(json.dumps({**MISTRAL_7B_V03, "sliding_window": 4096}))
-    assert "sliding window 4096" in " ".join(resolve_footprint(str(path)).notes)
+    footprint = resolve_footprint(str(path))
+    assert footprint.kv_window == 4096  # every layer: section 2 counts the window's blocks
+    assert "sliding window" not in " ".join(footprint.notes)
+    qwen = {**MISTRAL_7B_V03, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    qwen |= {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28}
+    path.write_text(json.dumps(qwen))
+    footprint = resolve_footprint(str(path))
+    assert footprint.kv_window is None  # layers below 28 attend to everything
+    assert "sliding window 4096 on some layers only" in " ".join(footprint.notes)
 
 
 def test_unknown_model_and_bad_files(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from tests import interp_suite
-from tests.test_kernels_reference import naive_attention
+from tests.test_kernels_reference import free_outside_window, naive_attention
 
 triton = pytest.importorskip("triton")
 
@@ -71,14 +71,24 @@ class Batch:
         scale = self.q.shape[-1] ** -0.5
         return ta.paged_attention(self.q, self.k_cache, self.v_cache, self.paged, scale, **kwargs)
 
-    def check(self, **kwargs: object) -> None:
-        """Assert the kernel matches the naive attention and never lets NaN through."""
+    def check(self, **kwargs: object) -> Tensor:
+        """Assert the kernel matches the naive attention (`window` and `softcap` included) and
+        never lets NaN through; return its output."""
         out = self.run(**kwargs)
         assert out.dtype == self.q.dtype and out.shape == self.q.shape
         assert torch.isfinite(out).all()
-        ref = naive_attention(self.q, self.ks, self.vs, self.q_lens)
+        options = {k: kwargs[k] for k in ("window", "softcap") if k in kwargs}
+        ref = naive_attention(self.q, self.ks, self.vs, self.q_lens, **options)  # type: ignore[arg-type]
         tol = TOL[self.q.dtype]
         torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+        return out
+
+    def free_outside(self, window: int) -> int:
+        """Free (in place) the blocks the window has passed: `free_outside_window`."""
+        lens = self.seq_lens.tolist()
+        return free_outside_window(
+            self.k_cache, self.v_cache, self.table, lens, self.q_lens, window, GARBAGE_BLOCK
+        )
 
 
 def make_batch(
@@ -505,6 +515,154 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
     assert runs["triton"] == runs["reference"]
 
 
+# --- sliding window and soft cap (interpreted) -----------------------------------------------
+
+
+@pytest.fixture
+def row_independent_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row of an interpreted `tl.dot` as its own product, as a GPU's MMA computes it
+    (see tests/test_deterministic_triton.py): a bits test then checks the kernel's part."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.ndim != 2 or a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = np.stack([np.matmul(row[None], b.data, dtype=d.data.dtype)[0] for row in a.data])
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
+@interp
+@pytest.mark.parametrize(
+    ("window", "softcap", "fused"),
+    [(1, None, False), (20, 5.0, True), (100, None, True), (64, 2.0, False)],
+)
+def test_interp_decode_window_and_softcap_split(
+    window: int, softcap: float | None, fused: bool
+) -> None:
+    """Decode rows around block boundaries and one of 301 keys: the split programs share out
+    the window's tiles alone (window 20 runs 1, 3 and 12 splits, more than it has tiles; the
+    others 5), merged by the combine kernel or in the last split."""
+    cfg = replace(configs.INTERPRETER_CONFIGS["decode"], tile_n=32, fused_combine=fused)
+    batch = make_batch(decodes(16), 16, (9, 3), seed=window)
+    for splits in (1, 3, 12) if window == 20 else (5,):
+        batch.check(num_splits=splits, window=window, softcap=softcap, config=cfg)
+
+
+@interp
+@pytest.mark.parametrize(
+    ("block_size", "window", "dtype"),
+    [(16, 7, torch.float32), (16, 40, torch.float16), (64, 70, torch.float32)],
+)
+def test_interp_mixed_batch_window(block_size: int, window: int, dtype: torch.dtype) -> None:
+    batch = make_batch(mixed(block_size), block_size, (14, 2), dtype=dtype, seed=window)
+    batch.check(window=window)
+    batch.check(window=window, softcap=3.0)
+
+
+@interp
+@pytest.mark.parametrize(("window", "splits"), [(5, 3), (45, None), (100, 3)])
+def test_interp_prefill_window_edge_whole_tiles_and_diagonal(
+    window: int, splits: int | None
+) -> None:
+    """32-token query blocks over 32-key tiles: a block's walk starts at the tile of its first
+    query's first key, masks the tiles at the window's lower edge, reads those every row's
+    window holds whole unmasked, then masks the diagonal; a split's tiles run through all
+    three passes. Windows smaller than a block, than a tile plus a block and larger."""
+    cfg = configs.AttentionConfig(block_m=32, tile_n=32, num_warps=4, num_stages=1)
+    specs = [(40, 200), (40, 31), (33, 97), (9, 150), (1, 130), (35, 0)]
+    make_batch(specs, 16, (2, 2), seed=window).check(config=cfg, num_splits=splits, window=window)
+    batch = make_batch(specs[:3], 32, (14, 2), dtype=torch.float16, seed=window)
+    batch.check(config=cfg, num_splits=splits, window=window, softcap=4.0)
+
+
+@interp
+def test_interp_prefill_one_token_query_blocks_window() -> None:
+    cfg = configs.AttentionConfig(block_m=16, tile_n=32, num_warps=4, num_stages=1)
+    make_batch(mixed(16), 16, (16, 1), seed=5).check(config=cfg, window=9, num_splits=3)
+
+
+@interp
+@pytest.mark.parametrize("fused", [False, True])
+def test_interp_one_query_block_a_program_and_sequences_without_queries_window(fused: bool) -> None:
+    """A batch whose every sequence fits one query block (one program each, no early exit on
+    the query length), some without a query: those read and write nothing."""
+    cfg = configs.AttentionConfig(32, 32, 4, 1, min_rows=1, fused_combine=fused)
+    specs = [(4, 100), (0, 70), (2, 40), (1, 65), (0, 5)]
+    make_batch(specs, 16, (14, 2), seed=9).check(config=cfg, num_splits=3, window=30, softcap=8.0)
+
+
+@interp
+def test_interp_blocks_the_window_has_passed_are_never_read() -> None:
+    """The engine frees a sequence's blocks once its window has passed them: filled with NaN,
+    their table entries out of range (every access is bounds-checked), 0 or stale, the output
+    is the same bits, in decode (split) and prefill."""
+    cfg = configs.AttentionConfig(block_m=32, tile_n=64, num_warps=4, num_stages=1, min_rows=1)
+    cases = ((decodes(16), 3, 3), (decodes(16), 33, None), (mixed(16) + [(40, 130)], 33, None))
+    for specs, window, splits in cases:
+        clean = make_batch(specs, 16, (9, 3), seed=window)
+        want = clean.check(window=window, softcap=5.0, num_splits=splits, config=cfg)
+        freed = make_batch(specs, 16, (9, 3), seed=window)
+        assert freed.free_outside(window) > 0
+        got = freed.run(window=window, softcap=5.0, num_splits=splits, config=cfg)
+        assert torch.isfinite(got).all()
+        assert torch.equal(got, want)
+
+
+@interp
+def test_interp_shipped_gpu_configs_with_softcap_and_window() -> None:
+    """The GPUs' tile shapes with a soft cap alone, a window alone and both."""
+    for key, window in ((("sm75", "prefill"), None), (("sm90", "prefill"), 40)):
+        cfg = configs.CONFIGS[key]
+        make_batch(mixed(16), 16, (9, 3), seed=11).check(config=cfg, window=window, softcap=6.0)
+    decode = make_batch(decodes(32), 32, (14, 2), seed=12)
+    decode.check(config=configs.CONFIGS["sm90", "decode"], num_splits=3, window=40)
+
+
+@interp
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_interp_batch_invariant_window_row_alone_chunked_or_decoded(
+    row_independent_dot: None, softcap: float | None
+) -> None:
+    """`batch_invariant=True` with a window: a row's bits are its own sequence's, whatever its
+    query block starts at (its walk starts at its own window's tile of the global grid), as a
+    decode row alone or among others."""
+    window = 70
+    gen = torch.Generator().manual_seed(2)
+    k_cache = torch.randn(40, 16, 2, 64, generator=gen).half()
+    v_cache = torch.randn(40, 16, 2, 64, generator=gen).half()
+    tables = torch.randperm(40, generator=gen)[:33].view(3, 11).int()
+    q = torch.randn(3, 170, 14, 64, generator=gen).half()
+
+    def run(parts: list[tuple[int, int, int]]) -> Tensor:
+        """`(sequence, first row, last row + 1)` parts, each over keys up to its last row."""
+        qs = torch.cat([q[s, a:b] for s, a, b in parts])
+        q_lens = [b - a for _, a, b in parts]
+        cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        lens = torch.tensor([b for _, _, b in parts], dtype=torch.int32)
+        batch = PagedBatch(tables[[s for s, _, _ in parts]], lens, cu, max(q_lens), 170)
+        return ta.paged_attention(
+            qs, k_cache, v_cache, batch, 0.125, batch_invariant=True, window=window,
+            softcap=softcap,
+        )  # fmt: skip
+
+    whole = run([(0, 0, 170)])
+    pos = torch.arange(170)
+    ks = [k_cache[tables[0][pos // 16].long(), pos % 16]]
+    vs = [v_cache[tables[0][pos // 16].long(), pos % 16]]
+    want = naive_attention(q[0], ks, vs, [170], window=window, softcap=softcap)
+    torch.testing.assert_close(whole.double(), want, atol=4e-3, rtol=4e-3)
+    assert torch.equal(run([(1, 0, 30), (0, 97, 170)])[30:], whole[97:])
+    for p in (63, 100, 169):
+        alone = run([(0, p, p + 1)])
+        assert torch.equal(alone, whole[p : p + 1]), p
+        assert torch.equal(run([(1, 120, 121), (0, p, p + 1), (2, 6, 7)])[1:2], alone), p
+
+
 # --- no interpreter: split policy, dispatch, cross-compilation -------------------------------
 
 
@@ -594,9 +752,12 @@ def test_dispatch_passes_the_split_hint(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(ta, "paged_attention", lambda *a, **k: seen.update(k) or "out")
     monkeypatch.setenv("PAGEDCTL_KERNELS", "triton")
     assert kernels.paged_attention(*[None] * 4, 1.0, num_splits=16) == "out"
-    assert seen == {"num_splits": 16, "batch_invariant": False}
+    off = {"window": None, "softcap": None}
+    assert seen == {"num_splits": 16, "batch_invariant": False, **off}
     kernels.paged_attention(*[None] * 4, 1.0, batch_invariant=True)
-    assert seen == {"num_splits": None, "batch_invariant": True}
+    assert seen == {"num_splits": None, "batch_invariant": True, **off}
+    kernels.paged_attention(*[None] * 4, 1.0, window=4096, softcap=50.0)
+    assert seen == {"num_splits": None, "batch_invariant": False, "window": 4096, "softcap": 50.0}
 
 
 def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc: int, cfg: dict):
@@ -604,6 +765,8 @@ def _compile(fn: object, pointers: dict[str, str], consts: dict[str, object], cc
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}  # type: ignore[attr-defined]
+    consts = {**defaults, **consts}  # e.g. WINDOW=0, SOFTCAP=0.0: the variant without them
     sig = {}
     for name in fn.arg_names:  # type: ignore[attr-defined]
         sig[name] = "constexpr" if name in consts else pointers.get(name, "i32")
@@ -723,3 +886,61 @@ def test_sampling_kernels_compile(cc: int, dtype: str) -> None:
     ptrs.update(u_ptr="*fp32", out_ptr="*i64")
     consts["CHUNKS_PAD"] = 256
     _compile(triton_sample._pick, ptrs, consts, cc, {"num_warps": 8})
+
+
+@compiled
+@pytest.mark.parametrize("fam", ["sm75", "sm90"])
+def test_window_and_softcap_variants_compile(fam: str) -> None:
+    """`WINDOW` and `SOFTCAP` on, as Gemma 2's local layers run them: decode (split, fused),
+    prefill and the batch-invariant config; on Turing within 64 KB of shared memory and with
+    FMA dots only (its `tanh` from `exp2`)."""
+    cc = TARGETS[fam]
+    capability = (cc // 10, cc % 10)
+    window = dict(WINDOW=4096, SOFTCAP=50.0)
+    ptrs = _attention_pointers("fp16")
+    for phase, invariant, splits, fused in [
+        ("decode", False, 4, True), ("prefill", False, 1, False), ("prefill", True, 1, False),
+    ]:  # fmt: skip
+        decode = phase == "decode"
+        if invariant:
+            cfg = configs.lookup_invariant(capability, 64)
+        else:
+            cfg = configs.lookup(capability, phase, 64)
+        block_q, block_m = ta.tile_shape(7, decode, cfg, invariant)
+        consts = dict(GROUP=7, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=16, BLOCK_Q=block_q)
+        consts.update(BLOCK_M=block_m, TILE_N=cfg.tile_n, NUM_SPLITS=splits, ONE_QBLOCK=decode)
+        consts.update(DOT_PREC="tf32", FUSED_COMBINE=fused, PDL=False)
+        consts.update(COLUMN_SUMS=decode and not invariant, **window)
+        launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        launch["enable_fp_fusion"] = not invariant
+        kernel = _compile(ta._attn_fwd, ptrs, consts, cc, launch)
+        if fam == "sm75":
+            assert kernel.metadata.shared <= configs.SM75_SHARED_LIMIT
+            assert "mma" not in kernel.asm["ptx"]
+    merge = dict(GROUP=7, HEAD_DIM=64, D_PAD=64, BLOCK_Q=1, BLOCK_M=16, TILE_N=64)
+    merge.update(NUM_SPLITS=4, ONE_QBLOCK=True, WINDOW=4096)
+    _compile(ta._combine_splits, ptrs, merge, cc, {})
+
+
+@compiled
+def test_decode_splits_share_out_only_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split count of a windowed decode batch is chosen for the window's tiles (at most
+    `window + tile_n - 1` positions), not for the whole history."""
+    grids = []
+
+    class Launch:
+        def __getitem__(self, grid: tuple[int, int, int]) -> object:
+            grids.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(ta, "_attn_fwd", Launch())
+    monkeypatch.setattr(ta, "_combine_splits", Launch())
+    q, cache = torch.zeros(1, 2, 64), torch.zeros(600, 16, 1, 64)
+    table = torch.zeros(1, 600, dtype=torch.int32)
+    batch = PagedBatch(table, torch.tensor([9000]), torch.tensor([0, 1]), 1, 9000)
+    tile_n = configs.lookup(None, "decode", 64).tile_n
+    for window, span in ((None, 9000), (4096, 4096 + tile_n - 1), (100, 100 + tile_n - 1)):
+        grids.clear()
+        ta.paged_attention(q, cache, cache, batch, 0.125, window=window)
+        assert grids[0][2] == ta.choose_num_splits(1, 1, span, 8, tile_n), window
+    assert grids[0][2] < ta.choose_num_splits(1, 1, 9000, 8, tile_n)

@@ -8,12 +8,12 @@ import pytest
 from pagedctl import bundled_model
 from pagedctl.engine import ConfigError, SamplingParams
 from pagedctl.engine.llm import LLM
-from tests.tiny_models import hf_greedy, save_tiny_model
+from tests.tiny_models import MISTRAL_WINDOW, hf_greedy, save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral"])
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = save_tiny_model(request.param, folder)
@@ -52,6 +52,23 @@ def test_forced_preemption_matches(tiny):
     got, stats = run(folder, prompts, block_size=16, num_blocks=10, max_num_batched_tokens=64)
     assert got == expected
     assert stats["scheduler"]["num_preemptions"] > 0
+
+
+def test_sliding_window_holds_the_window_and_one_block(tmp_path):
+    """A Mistral sequence far longer than its window gives back the blocks no later query sees:
+    prefilled 8 tokens a step, it never holds more than the window's blocks, the chunk's and
+    one partial block; its tokens are still transformers'."""
+    hf = save_tiny_model("mistral", tmp_path)
+    prompt = [random.Random(2).randrange(256) for _ in range(150)]
+    params = dataclasses.replace(GREEDY, max_tokens=40)
+    expected = hf_greedy(hf, prompt, params.max_tokens)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", block_size=4, num_blocks=64,
+              max_num_batched_tokens=8, debug=True)  # fmt: skip
+    (out,) = llm.generate([prompt], params)
+    assert out.outputs[0].token_ids == expected
+    cache = llm.stats["prefix_cache"]
+    assert cache["peak_used_blocks"] <= (MISTRAL_WINDOW + 8) // 4 + 1, cache
+    assert cache["dropped_blocks"] >= (150 + 40 - MISTRAL_WINDOW - 8) // 4, cache
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 from torch import Tensor
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
 from pagedctl.engine.models.attention import AttentionMetadata
 from pagedctl.engine.models.layers import RopeConfig, rope_config
@@ -44,11 +44,16 @@ CONFIGS = {
     "yarn-rope": lambda: Qwen2Config(**TINY, rope_scaling=YARN_ROPE, tie_word_embeddings=True),
     "qwen2-bias-tied": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3-qknorm-headdim32": lambda: Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False),
+    "mistral-window8": lambda: MistralConfig(**TINY, sliding_window=8),
+    "qwen2-window-top-layer": lambda: Qwen2Config(
+        **TINY, use_sliding_window=True, sliding_window=6, max_window_layers=1
+    ),
 }
 HF_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
+    "mistral": transformers.MistralForCausalLM,
 }
 PROMPT_LENS = (13, 7, 21)
 ATOL = 1e-4
@@ -294,3 +299,29 @@ def test_cuda_matches_hf(name: str, dtype: torch.dtype, atol: float) -> None:
     run.step(dict.fromkeys(seqs, 1))
     for s in seqs:
         run.check(hf, s, atol)
+
+
+def test_the_profile_prefill_stays_within_the_models_positions() -> None:
+    """The memory profile's prefill of more tokens than the model has positions (Llama-3-8B:
+    8,192 against a 16K token budget) runs as several sequences, each within the RoPE table,
+    and each gives the hidden states that sequence gives alone."""
+    from pagedctl.engine.sizing.profiling import prefill_forward
+    from pagedctl.kernels import empty_kv_cache
+
+    config = LlamaConfig(**{**TINY, "max_position_embeddings": 24})
+    torch.manual_seed(0)
+    ours = LlamaForCausalLM(config, torch.float32, "cpu")
+    ours.init_dummy_weights(0)
+
+    def caches(num_blocks: int):
+        kv = empty_kv_cache(ours.num_layers, num_blocks, 4, ours.num_kv_heads, ours.head_dim,
+                            torch.float32, torch.device("cpu"))  # fmt: skip
+        return [(layer[0], layer[1]) for layer in kv]
+
+    with torch.no_grad():
+        many = prefill_forward(ours, caches(18), 60, 4, torch.device("cpu"))  # 24 + 24 + 12
+        alone = prefill_forward(ours, caches(6), 24, 4, torch.device("cpu"))
+    assert many.shape[0] == 60 and torch.isfinite(many).all()
+    torch.testing.assert_close(many[:24], alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(many[24:48], alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(many[48:], alone[:12], rtol=1e-5, atol=1e-5)

@@ -72,12 +72,20 @@ def test_build_model_takes_the_class_from_the_spec() -> None:
         family_of(CONFIG_MAPPING["gpt2"]())
 
 
-def test_a_family_without_a_model_class_is_planned_not_run() -> None:
+def test_mistral_runs_with_its_window_and_unknown_types_plan_as_a_llama() -> None:
     mistral = CONFIG_MAPPING["mistral"](**TINY, architectures=["MistralForCausalLM"])
-    with pytest.raises(UnsupportedModelError, match="'MistralForCausalLM' is not supported"):
-        family_of(mistral)
-    assert planning_family("mistral") is FAMILIES["mistral"]
-    assert planning_family("mistral").sliding_window(mistral) == 4096  # MistralConfig's default
+    assert family_of(mistral) is planning_family("mistral") is FAMILIES["mistral"]
+    assert FAMILIES["mistral"].sliding_window(mistral) == 4096  # MistralConfig's default
+    assert FAMILIES["mistral"].layer_windows(mistral) == (4096,) * TINY["num_hidden_layers"]
+    three = {**TINY, "num_hidden_layers": 3}
+    qwen2 = CONFIG_MAPPING["qwen2"](
+        **three, use_sliding_window=True, sliding_window=8, max_window_layers=1
+    )
+    assert FAMILIES["qwen2"].layer_windows(qwen2) == (None, 8, 8)  # from transformers' layer_types
+    raw = ModelConfig({"model_type": "qwen2", **three, "use_sliding_window": True,
+                       "sliding_window": 8, "max_window_layers": 1})  # fmt: skip
+    assert FAMILIES["qwen2"].layer_windows(raw) == (None, 8, 8)  # config.json: the same rule
+    assert FAMILIES["qwen2"].layer_windows(CONFIG_MAPPING["qwen2"](**three)) == (None,) * 3
     assert planning_family("gemma") is FAMILIES["llama"]
     assert gguf_family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(UnsupportedModelError, match="converts llama, qwen2, qwen3 "):

@@ -41,14 +41,17 @@ def candidates(seq: Sequence, data=None) -> tuple[list[int], list[float]]:
 NEVER_SWAP = PreemptionCosts(1e3, 1.0, 0.0, 0.0)
 PAST_5_TOKENS = PreemptionCosts(0.25, 0.0, 0.0, 0.1)
 COSTS = [None, PreemptionCosts(0.0, 0.0, 0.0, 1.0), NEVER_SWAP, PAST_5_TOKENS]
+# Full attention, or a sliding window (blocks out of it given back) shorter or longer than a block
+WINDOWS = [None, None, 1, 3, 5, 11]
 
 
 class SlotTokens:
     """What a runner's KV pools hold, as the token at each slot: the device pool by block id,
     the host pool by host block id (a slot never written holds None)."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, window: int | None = None) -> None:
         self.block_size = block_size
+        self.window = window  # a row reads back only the keys its first query sees
         self.device: dict[int, list] = {}
         self.host: dict[int, list] = {}
 
@@ -72,8 +75,10 @@ class SlotTokens:
                 block[pos % bs] = seq.token_ids[pos]
         for seq, n in rows:
             end = seq.num_computed_tokens + n
-            read = [self.device[seq.block_table[p // bs]][p % bs] for p in range(end)]
-            assert read == seq.token_ids[:end], f"{seq} reads the wrong KV"
+            start = max(seq.num_computed_tokens - self.window + 1, 0) if self.window else 0
+            assert start // bs >= seq.num_dropped_blocks or not self.window, seq
+            read = [self.device[seq.block_table[p // bs]][p % bs] for p in range(start, end)]
+            assert read == seq.token_ids[start:end], f"{seq} reads the wrong KV"
 
 
 def parked(seq: Sequence) -> bool:
@@ -100,6 +105,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         mode=st.sampled_from(PREEMPTION_MODES),
         host_blocks=st.sampled_from([0, 1, 3, 8, 64]),
         costs=st.sampled_from(COSTS),
+        window=st.sampled_from(WINDOWS),
     )
     def setup(
         self,
@@ -112,16 +118,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         mode,
         host_blocks,
         costs,
+        window,
     ):
         self.build(
             SchedulerConfig(budget, max_seqs, max_model_len, debug=True, preemption_mode=mode),
-            CacheConfig(block_size, num_blocks, caching, num_host_blocks=host_blocks),
+            CacheConfig(
+                block_size, num_blocks, caching, num_host_blocks=host_blocks, sliding_window=window
+            ),
             costs,
         )
 
     def build(self, sched_config, cache_config, costs) -> None:
         self.sched = Scheduler(sched_config, cache_config, costs)
-        self.kv_data = SlotTokens(cache_config.block_size)
+        self.kv_data = SlotTokens(cache_config.block_size, cache_config.sliding_window)
         self.seqs: list[Sequence] = []  # every sequence ever created, children included
         self.known: set[int] = set()
         self.groups: list[BeamGroup] = []
@@ -348,6 +357,7 @@ class SwapMachine(SchedulerMachine):
         mode=st.sampled_from(["swap", "swap", "auto"]),
         host_blocks=st.sampled_from([1, 3, 8, 64]),
         costs=st.sampled_from(COSTS),
+        window=st.sampled_from(WINDOWS),
     )
     def setup(
         self,
@@ -360,10 +370,13 @@ class SwapMachine(SchedulerMachine):
         mode,
         host_blocks,
         costs,
+        window,
     ):
         self.build(
             SchedulerConfig(budget, max_seqs, max_model_len, debug=True, preemption_mode=mode),
-            CacheConfig(block_size, num_blocks, caching, num_host_blocks=host_blocks),
+            CacheConfig(
+                block_size, num_blocks, caching, num_host_blocks=host_blocks, sliding_window=window
+            ),
             costs,
         )
 

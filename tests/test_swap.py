@@ -77,7 +77,7 @@ def save_sharp_model(arch: str, folder) -> None:
 def engines(tmp_path_factory):
     """One LLM per family (debug=True: the invariants are checked after every step)."""
     out = {}
-    for arch in ("qwen2", "llama"):
+    for arch in ("qwen2", "llama", "mistral"):
         folder = tmp_path_factory.mktemp(f"{arch}-swap")
         save_sharp_model(arch, folder)
         out[arch] = LLM(str(folder), device="cpu", dtype="float32", debug=True, **BASE)
@@ -121,7 +121,7 @@ class Run:
         swap_out = kv.swap_out
 
         def recording(unit):
-            blocks = len({b for seq in unit for b in seq.block_table})
+            blocks = len({b for seq in unit for b in kv.held_blocks(seq)})
             ops = swap_out(unit)
             if ops is not None:
                 assert len(ops) == blocks
@@ -171,7 +171,7 @@ def reference(llm: LLM, arch: str) -> list:
 
 @pytest.mark.parametrize("prefix", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 @pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral"])
 def test_every_preemption_mode_gives_the_unconstrained_outputs(engines, arch, block_size, prefix):
     """Greedy samples (n=1 and n=3) and two beam groups of width 4 in one batch, on a pool that
     preempts many times: recompute, swap and auto give the unconstrained pool's tokens and beam

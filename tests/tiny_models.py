@@ -8,6 +8,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
+    MistralConfig,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
@@ -26,9 +27,12 @@ COMMON = dict(
     pad_token_id=None,
 )
 
+MISTRAL_WINDOW = 24
+
 
 def tiny_config(arch: str) -> PretrainedConfig:
-    """Configs for each supported family: Llama 3 RoPE scaling, Qwen2 biases, Qwen3 q/k norms."""
+    """Configs for each supported family: Llama 3 RoPE scaling, Qwen2 biases, Qwen3 q/k norms,
+    Mistral's sliding window (24 tokens: shorter than most test prompts)."""
     if arch == "llama":
         return LlamaConfig(
             **COMMON,
@@ -47,6 +51,10 @@ def tiny_config(arch: str) -> PretrainedConfig:
     if arch == "qwen3":
         return Qwen3Config(
             **COMMON, head_dim=32, tie_word_embeddings=True, architectures=["Qwen3ForCausalLM"]
+        )
+    if arch == "mistral":
+        return MistralConfig(
+            **COMMON, sliding_window=MISTRAL_WINDOW, architectures=["MistralForCausalLM"]
         )
     raise ValueError(arch)
 

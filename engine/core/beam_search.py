@@ -392,7 +392,7 @@ class BeamGroup:
 
     def measure(self) -> None:
         """Record the blocks the live beams hold now (after a step's allocation)."""
-        tables = [s.block_table for s in self.seqs]
+        tables = [s.block_table[s.num_dropped_blocks :] for s in self.seqs]
         held = Counter(b for t in tables for b in t)
         stats = self.stats
         stats.peak_blocks_unshared = max(stats.peak_blocks_unshared, sum(map(len, tables)))

@@ -360,6 +360,8 @@ class CacheConfig:
         enable_prefix_caching: reuse full blocks across sequences through chained block hashes.
         hash_seed: root of the hash chain; fixed so that results are reproducible run to run.
         num_host_blocks: blocks of the host pool that swapped-out sequences hold (0: none).
+        sliding_window: the window every layer of the model attends within (`ModelSpec.kv_window`):
+            a sequence gives back each block whose keys no later query sees. None: none.
     """
 
     block_size: int = DEFAULTS["block_size"]
@@ -367,6 +369,7 @@ class CacheConfig:
     enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     hash_seed: int = 0
     num_host_blocks: int = 0
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

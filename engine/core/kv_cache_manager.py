@@ -7,6 +7,13 @@ The valid KV ranges of a sequence `seq`, with `bs = block_size`:
   is over: `cache_blocks` runs after the step, never at allocation time;
 - `allocate_slots` extends the table to cover the tokens scheduled this step; the runner
   writes their KV; only then does the scheduler advance `num_computed_tokens`.
+
+With a sliding window (`CacheConfig.sliding_window`, every layer attending to the last W
+positions only), a block whose keys no later query of its sequence sees is given back after the
+step (`drop_out_of_window`): the first `seq.num_dropped_blocks` entries of a table are no longer
+held. They keep their (stale) block ids, which the attention kernels never read; a dropped block
+keeps its hash, so the prefix cache serves it until it is evicted. A long sequence then holds
+the window's blocks and one more, not its whole history.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class PrefixCacheStats:
     hits: int = 0
     peak_used_blocks: int = 0
     cow_copies: int = 0
+    dropped_blocks: int = 0  # given back out of a sliding window
 
     @property
     def hit_rate(self) -> float:
@@ -55,6 +63,7 @@ class KVCacheManager:
         self.config = config  # the pool's shape: its one owner (the runner reads the same)
         self.block_size = config.block_size  # read per sequence per step; the config is frozen
         self.enable_prefix_caching = config.enable_prefix_caching
+        self.sliding_window = config.sliding_window
         self.pool = BlockPool(config.num_blocks)
         self.stats = PrefixCacheStats()
         self._root = root_hash(config.hash_seed)
@@ -179,7 +188,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
-        start = self._num_cached_blocks.get(seq.seq_id, 0)
+        start = max(self._num_cached_blocks.get(seq.seq_id, 0), seq.num_dropped_blocks)
         if num_full <= start:
             return
         self._update_hashes(seq)
@@ -221,12 +230,33 @@ class KVCacheManager:
         shared = shared_block_prefix(tokens, donor.token_ids, limit, bs)
         seq.block_hashes.extend(donor.block_hashes[: max(shared, 1)])
 
+    def drop_out_of_window(self, seq: Sequence) -> None:
+        """Give back the blocks of `seq` that lie wholly before the window of its next query (at
+        position `num_computed_tokens`, seeing keys from `num_computed_tokens - W + 1` on); run
+        after the step, once `cache_blocks` has hashed them."""
+        if self.sliding_window is None:
+            return
+        first_seen = seq.num_computed_tokens - self.sliding_window + 1
+        drop = min(max(first_seen, 0) // self.block_size, len(seq.block_table))
+        done = seq.num_dropped_blocks
+        if drop > done:
+            blocks = self.pool.blocks
+            self.pool.free_blocks(blocks[i] for i in reversed(seq.block_table[done:drop]))
+            seq.num_dropped_blocks = drop
+            self.stats.dropped_blocks += drop - done
+
+    @staticmethod
+    def held_blocks(seq: Sequence) -> list[int]:
+        """The block ids `seq` holds: its table less the entries dropped out of the window."""
+        return seq.block_table[seq.num_dropped_blocks :]
+
     def free(self, seq: Sequence) -> None:
         """Release every block of `seq`, tail first, so a prefix's last blocks are evicted first
         (its host blocks, if it is swapped out)."""
         blocks = self.pool.blocks
-        self.pool.free_blocks(blocks[i] for i in reversed(seq.block_table))
+        self.pool.free_blocks(blocks[i] for i in reversed(self.held_blocks(seq)))
         seq.block_table = []
+        seq.num_dropped_blocks = 0
         self._num_cached_blocks.pop(seq.seq_id, None)
         host = self._host_tables.pop(seq.seq_id, None)
         if host:
@@ -244,18 +274,20 @@ class KVCacheManager:
         freed device blocks keep their hashes, so the prefix cache serves their data for as
         long as it lasts there, never from the host.
         """
-        distinct = list(dict.fromkeys(b for seq in unit for b in seq.block_table))
+        distinct = list(dict.fromkeys(b for seq in unit for b in self.held_blocks(seq)))
         if self.host is None or len(distinct) > self.host.num_free_blocks:
             return None
         to_host = dict(zip(distinct, self.host.allocate(len(distinct)), strict=True))
         seen: set[int] = set()
         for seq in unit:
-            table = [to_host[b] for b in seq.block_table]
+            table = [to_host[b] for b in self.held_blocks(seq)]
             for h in table:
                 if h in seen:
                     self.host.touch(h)
                 seen.add(h)
+            dropped = seq.num_dropped_blocks
             self.free(seq)
+            seq.num_dropped_blocks = dropped  # its table comes back with the same positions
             self._host_tables[seq.seq_id] = table
         return list(to_host.items())
 
@@ -264,7 +296,12 @@ class KVCacheManager:
         distinct host blocks, the blocks its new tokens open and one copy-on-write per beam."""
         tables = [self._host_tables[seq.seq_id] for seq in unit]
         grow = sum(
-            max(cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(t), 0)
+            max(
+                cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size)
+                - len(t)
+                - seq.num_dropped_blocks,
+                0,
+            )
             for seq, t in zip(unit, tables, strict=True)
         )
         distinct = len({h for t in tables for h in t})
@@ -280,13 +317,15 @@ class KVCacheManager:
         seen: set[int] = set()
         blocks = self.pool.blocks
         for seq, table in zip(unit, tables, strict=True):
-            seq.block_table = [to_dev[h] for h in table]
-            for b in seq.block_table:
+            held = [to_dev[h] for h in table]
+            # dropped entries are never read: any valid block id stands in for them
+            seq.block_table = [held[0] if held else 0] * seq.num_dropped_blocks + held
+            for b in held:
                 if b in seen:
                     self.pool.touch([blocks[b]])
                 seen.add(b)
             self.host.free(table)
-            self._num_cached_blocks[seq.seq_id] = 0
+            self._num_cached_blocks[seq.seq_id] = seq.num_dropped_blocks
             self.cache_blocks(seq)  # full blocks findable again (unless another holds the hash)
         self._note_peak()
         return list(to_dev.items())
@@ -309,8 +348,9 @@ class KVCacheManager:
         copies it (see `allocate_slots`)."""
         assert not child.block_table
         blocks = self.pool.blocks
-        self.pool.touch(blocks[i] for i in parent.block_table)
+        self.pool.touch(blocks[i] for i in self.held_blocks(parent))
         child.block_table = list(parent.block_table)
+        child.num_dropped_blocks = parent.num_dropped_blocks
         child.block_hashes = list(parent.block_hashes)
         self._num_cached_blocks[child.seq_id] = self._num_cached_blocks.get(parent.seq_id, 0)
 
@@ -333,7 +373,7 @@ class KVCacheManager:
         for seq in seqs:
             held, computed = len(seq.block_table), seq.num_computed_tokens
             assert cdiv(computed, bs) <= held <= cdiv(computed + lookahead, bs), seq
-            for block_id in seq.block_table:
+            for block_id in self.held_blocks(seq):
                 holders[block_id] += 1
         for block in self.pool.blocks:
             assert block.ref_cnt == holders[block.block_id], (block, holders[block.block_id])

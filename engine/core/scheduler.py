@@ -369,7 +369,7 @@ class Scheduler:
         """`auto`: is swapping this unit out and back cheaper than computing its KV again?"""
         if self.costs is None:
             return True
-        blocks = len({b for seq in unit for b in seq.block_table})
+        blocks = len({b for seq in unit for b in self.kv.held_blocks(seq)})
         tokens = min(sum(seq.num_computed_tokens for seq in unit), blocks * self.kv.block_size)
         return self.costs.prefers_swap(blocks, tokens)
 
@@ -411,6 +411,7 @@ class Scheduler:
             if seq.num_computed_tokens > seq._max_computed_tokens:
                 seq._max_computed_tokens = seq.num_computed_tokens
             self.kv.cache_blocks(seq)
+            self.kv.drop_out_of_window(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 assert not sampled, f"sampled a token for a partial prefill of {seq}"
                 continue
@@ -554,7 +555,7 @@ class Scheduler:
         for unit in self.swapped:
             for seq in unit:
                 assert seq.status == SequenceStatus.SWAPPED and not seq.block_table, seq
-                assert len(self.kv.host_table(seq)) == cdiv(
+                assert len(self.kv.host_table(seq)) + seq.num_dropped_blocks == cdiv(
                     seq.num_computed_tokens, self.kv.block_size
                 ), seq
         pending = sum(s.num_seqs_reserved - 1 for s in self.running)

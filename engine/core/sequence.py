@@ -67,6 +67,7 @@ class Sequence:
         "error_code",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_dropped_blocks",
         "num_preemptions",
         "num_prompt_tokens",
         "num_recomputed_tokens",
@@ -100,6 +101,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.num_dropped_blocks = 0  # leading table entries given back: out of the window
         self.block_hashes: list[bytes] = []
         self.sample_index = 0
         self.parent_seq_id: int | None = None
@@ -180,5 +182,6 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence(id={self.seq_id}, status={self.status.name}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+            f"computed={self.num_computed_tokens}, blocks={self.block_table}, "
+            f"dropped={self.num_dropped_blocks})"
         )

@@ -44,7 +44,9 @@ class PagedAttention(nn.Module):
     one code path serves prefill, chunked prefill, prefix hits and decode.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads != 0:
             raise ValueError(
@@ -55,6 +57,7 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.window = window  # the last `window` positions up to a query's own; None: all
         self.batch_invariant = False  # each row's bits set by its own sequence (`deterministic`)
 
     def forward(
@@ -80,4 +83,5 @@ class PagedAttention(nn.Module):
             plan_cache=meta.plan_cache,
             num_splits=meta.num_splits,
             batch_invariant=self.batch_invariant,
+            window=self.window,
         )

@@ -245,7 +245,10 @@ def rope_frequencies(head_dim: int, rope: RopeConfig) -> tuple[Tensor, float]:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape and family switches of a decoder, read from a Hugging Face config."""
+    """Shape and family switches of a decoder, read from a Hugging Face config.
+
+    `layer_windows` has one entry a layer: the keys a query attends to are the last `window`
+    positions up to its own (transformers' sliding window), or all of them (None)."""
 
     family: Family
     vocab_size: int
@@ -262,7 +265,15 @@ class ModelSpec:
     qk_norm: bool
     tie_word_embeddings: bool
     rope: RopeConfig
+    layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None: full
     quantized: bool = False  # projections built without float weights (integers load later)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window every layer attends within, so that the KV cache may drop a sequence's
+        blocks before it; None where some layer sees the whole history."""
+        windows = set(self.layer_windows)
+        return next(iter(windows)) if len(windows) == 1 else None
 
 
 def model_spec(cfg: object) -> ModelSpec:
@@ -271,12 +282,6 @@ def model_spec(cfg: object) -> ModelSpec:
     for name, ok in (("hidden_act", "silu"), ("mlp_bias", False)):
         if family.read(cfg, name) != ok:
             raise UnsupportedModelError(f"{name}={getattr(cfg, name)!r} is not supported")
-    window = family.sliding_window(cfg)
-    if window is not None:
-        raise UnsupportedModelError(
-            f"sliding-window attention (sliding_window={window}) is not supported: pagedctl "
-            "attends to every cached token"
-        )
     heads = cfg.num_attention_heads
     qkv_bias, o_bias = family.attention_biases(cfg)
     return ModelSpec(
@@ -295,6 +300,7 @@ def model_spec(cfg: object) -> ModelSpec:
         qk_norm=family.qk_norm,
         tie_word_embeddings=bool(family.read(cfg, "tie_word_embeddings")),
         rope=rope_config(cfg),
+        layer_windows=family.layer_windows(cfg),
     )
 
 

@@ -36,7 +36,7 @@ class WeightLoadError(ValueError):
 class SelfAttention(nn.Module):
     """Fused q/k/v projection, optional q/k norm, RoPE, paged attention, output projection."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, window: int | None = None) -> None:
         super().__init__()
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
@@ -47,7 +47,7 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = PagedAttention(
-            spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.head_dim**-0.5
+            spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.head_dim**-0.5, window
         )
 
     def forward(
@@ -71,9 +71,9 @@ class SelfAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention then gated MLP."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, window: int | None = None) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(spec)
+        self.self_attn = SelfAttention(spec, window)
         self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.quantized)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -109,7 +109,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.max_positions, spec.rope)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, w) for w in spec.layer_windows)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 

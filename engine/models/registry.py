@@ -51,6 +51,8 @@ class Family:
         qk_norm: a per-head RMSNorm of q and k before RoPE.
         sliding_window_switch: the config field that turns `sliding_window` on; None: a set
             `sliding_window` is always on.
+        window_from_layer: the config field naming the first layer the window applies to
+            (Qwen2's `max_window_layers`); None: every layer, unless `layer_types` says.
         gguf_arch: llama.cpp's `general.architecture` for the family; None: no GGUF conversion.
         gguf_unpermute_qk: llama.cpp's converter interleaved each head's rotary halves in the q/k
             rows (its Llama convention); conversion puts them back.
@@ -66,6 +68,7 @@ class Family:
     o_bias: bool | None = None
     qk_norm: bool = False
     sliding_window_switch: str | None = "use_sliding_window"
+    window_from_layer: str | None = None
     gguf_arch: str | None = None
     gguf_unpermute_qk: bool = False
     fused: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _LLAMA_FUSED)
@@ -88,6 +91,30 @@ class Family:
         if switch is not None and not self.read(config, switch):
             return None
         return self.read(config, "sliding_window") or None
+
+    def layer_windows(self, config: object) -> tuple[int | None, ...]:
+        """The window each layer attends over (None: full attention), as transformers reads the
+        config: a `layer_types` list where the config has one ("sliding_attention" layers take
+        the window), else the family's `window_from_layer` rule, else the one window for all."""
+        window = self.sliding_window(config)
+        num_layers = config.num_hidden_layers
+        kinds = getattr(config, "layer_types", None)  # derived by transformers, no default
+        if window is None:
+            return (None,) * num_layers
+        if kinds:
+            if len(kinds) != num_layers:
+                raise UnsupportedModelError(
+                    f"layer_types lists {len(kinds)} layers, the model has {num_layers}"
+                )
+            unknown = set(kinds) - {"sliding_attention", "full_attention"}
+            if unknown:
+                raise UnsupportedModelError(
+                    f"layer type {sorted(unknown)[0]!r} is not supported; pagedctl runs "
+                    "sliding_attention and full_attention layers"
+                )
+            return tuple(window if k == "sliding_attention" else None for k in kinds)
+        first = self.read(config, self.window_from_layer) if self.window_from_layer else 0
+        return tuple(window if i >= (first or 0) else None for i in range(num_layers))
 
     def read(self, config: object, name: str) -> Any:
         """A field of a config of this family (any object with the fields as attributes): the
@@ -120,6 +147,7 @@ _QWEN2_DEFAULTS = {
     "num_attention_heads": 32,
     "num_key_value_heads": 32,
     "max_position_embeddings": 32768,
+    "max_window_layers": 28,
 }
 _LLAMA_DECODER = "llama.LlamaForCausalLM"
 
@@ -151,6 +179,7 @@ _QWEN2 = Family(
     config_defaults=MappingProxyType(_QWEN2_DEFAULTS),
     qkv_bias=True,
     o_bias=False,
+    window_from_layer="max_window_layers",
     gguf_arch="qwen2",
 )
 _QWEN3 = Family(
@@ -159,14 +188,15 @@ _QWEN3 = Family(
     model_class=_LLAMA_DECODER,
     config_defaults=MappingProxyType({**_QWEN2_DEFAULTS, "head_dim": 128}),
     qk_norm=True,
+    window_from_layer="max_window_layers",
     gguf_arch="qwen3",
 )
-# Not run (no model class): its sliding window is on whenever set. Capacity planning counts its
-# checkpoints, which are a Llama's. llama.cpp writes Mistral GGUFs as "llama".
+# A Llama with a sliding window on every layer whenever `sliding_window` is set (Mistral-7B
+# v0.1: 4096; v0.2 and later: null, full attention). llama.cpp writes its GGUFs as "llama".
 _MISTRAL = Family(
     model_type="mistral",
     architectures=("MistralForCausalLM",),
-    model_class=None,
+    model_class=_LLAMA_DECODER,
     config_defaults=MappingProxyType(
         {
             **_COMMON,

@@ -89,15 +89,33 @@ def kv_budget_bytes(total_bytes: int, utilization: float, non_kv_bytes: int) -> 
     return int(total_bytes * utilization) - non_kv_bytes
 
 
+def blocks_held(seq_len: int, block_size: int, window: int | None = None) -> int:
+    """The most blocks a sequence holds on its way to `seq_len` tokens: every one, or with a
+    sliding window (every layer attending to the last `window` positions) those from the block
+    of its last query's first key on (`KVCacheManager.drop_out_of_window`): at most
+    `window / block_size + 2`."""
+    total = cdiv(seq_len, block_size)
+    if window is None:
+        return total
+    return total - max(seq_len - window, 0) // block_size
+
+
 def sequences_in_pool(
-    num_blocks: int, block_size: int, seq_len: int, shared_prefix_tokens: int = 0
+    num_blocks: int,
+    block_size: int,
+    seq_len: int,
+    shared_prefix_tokens: int = 0,
+    window: int | None = None,
 ) -> int:
     """Sequences of `seq_len` tokens a pool of `num_blocks` holds at once.
 
     With a shared prefix, its full blocks are held once for everyone and each sequence holds the
     rest of its own blocks (a prefix hit never covers a whole sequence: at least its last token
-    is its own).
+    is its own). With a sliding window longer sequences hold only their window's blocks
+    (`blocks_held`); a shared prefix is then counted only where the window still covers it.
     """
-    shared = min(shared_prefix_tokens // block_size, (seq_len - 1) // block_size)
-    own = cdiv(seq_len, block_size) - shared
+    held = blocks_held(seq_len, block_size, window)
+    dropped = cdiv(seq_len, block_size) - held
+    shared = max(min(shared_prefix_tokens // block_size, (seq_len - 1) // block_size) - dropped, 0)
+    own = held - shared
     return max(num_blocks - shared, 0) // own

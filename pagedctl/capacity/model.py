@@ -85,6 +85,18 @@ class ModelFootprint:
         return own_quantization(self.gguf_file, self.stored_quant)
 
     @property
+    def kv_window(self) -> int | None:
+        """The sliding window every layer attends within (a sequence then holds only its
+        window's blocks), or None where some layer attends to the whole history."""
+        try:
+            windows = set(planning_family(self.config.get("model_type")).layer_windows(
+                SimpleNamespace(**self.config)
+            ))  # fmt: skip
+        except (AttributeError, ValueError):
+            return None
+        return next(iter(windows)) if len(windows) == 1 else None
+
+    @property
     def max_positions(self) -> int:
         return int(self.config.get("max_position_embeddings") or 4096)
 
@@ -194,7 +206,15 @@ def _notes(cfg: dict) -> tuple[str, ...]:
         notes.append("mixture of experts: the weight count from the config is not exact")
     window = family.sliding_window(SimpleNamespace(**cfg))
     if window:
-        notes.append(f"sliding window {window} counted as full attention (the engine caches all)")
+        try:
+            every = set(family.layer_windows(SimpleNamespace(**cfg))) == {window}
+        except (AttributeError, ValueError):
+            every = False
+        if not every:  # a window on every layer is shown in section 2
+            notes.append(
+                f"sliding window {window} on some layers only: the others attend to every "
+                "token, so a sequence holds all its blocks"
+            )
     return tuple(notes)
 
 

@@ -148,18 +148,26 @@ def contiguous_whole_card(inputs: PlanInputs, mem: Memory) -> int | None:
     if inputs.card is None:
         return None
     free = inputs.card.total_bytes - mem.weights_bytes - inputs.cuda_context_bytes
-    return max(free, 0) // (inputs.max_len * inputs.layout.bytes_per_token)
+    return max(free, 0) // (reserved_tokens(inputs) * inputs.layout.bytes_per_token)
+
+
+def reserved_tokens(inputs: PlanInputs) -> int:
+    """The tokens a contiguous cache reserves a sequence: `max_len`, or with a sliding window on
+    every layer a ring buffer of the window (Mistral's reference cache), if shorter."""
+    window = inputs.footprint.kv_window
+    return min(inputs.max_len, window) if window else inputs.max_len
 
 
 def capacity_rows(inputs: PlanInputs, pool: Pool, mem: Memory) -> list[dict]:
     """Section 2: sequences of each length the paged pool holds, against max-length reservations
     on the same budget and on the whole card."""
-    reservation = inputs.max_len * inputs.layout.bytes_per_token
+    reservation = reserved_tokens(inputs) * inputs.layout.bytes_per_token
     same_budget = max(pool.budget_bytes, 0) // reservation
     card = contiguous_whole_card(inputs, mem)
+    window = inputs.footprint.kv_window
     rows = []
     for n in seq_lengths(inputs.max_len):
-        paged = sequences_in_pool(pool.num_blocks, pool.block_size, n, inputs.shared_prefix)
+        paged = sequences_in_pool(pool.num_blocks, pool.block_size, n, inputs.shared_prefix, window)
         rows.append(
             {
                 "seq_len": n,

@@ -70,17 +70,28 @@ class CapacityRun:
         note = [f"vLLM's line for this pool: {plan.vllm_line(pool, inp.max_len)}"]
         self.sections.append(report.Section("pool", "1. KV pool", report.POOL_COLUMNS, rows, note))
         cap = plan.capacity_rows(inp, pool, self.mem)
-        reservation = inp.max_len * inp.layout.bytes_per_token
+        reserved = plan.reserved_tokens(inp)
+        reservation = reserved * inp.layout.bytes_per_token
+        what = (
+            f"--max-len {inp.max_len:,} tokens"
+            if reserved == inp.max_len
+            else f"its {reserved:,}-token sliding window (a ring buffer)"
+        )
         notes = [
             f"paged: {pool.num_blocks:,} blocks of {pool.block_size} ({_frac(pool.utilization)}); "
             f"contiguous: one {format_bytes(reservation)} "
-            f"reservation of --max-len {inp.max_len:,} tokens per sequence, whatever its length",
+            f"reservation of {what} per sequence, whatever its length",
             "same budget: the engine's KV budget; whole card: the card less the weights and the "
             f"CUDA context ({format_bytes(inp.cuda_context_bytes)}, assumed; --probe measures "
             "it), an upper bound that leaves nothing for activations",
         ]
         if inp.shared_prefix:
             notes.append(f"paged sequences share their first {inp.shared_prefix} tokens' blocks")
+        if inp.footprint.kv_window:
+            notes.append(
+                f"sliding window {inp.footprint.kv_window:,} on every layer: a paged sequence "
+                "gives back the blocks before its window and holds the window's blocks and one more"
+            )
         self.sections.append(
             report.Section("lengths", "2. Sequences that fit", report.CAPACITY_COLUMNS, cap, notes)
         )
