@@ -9,7 +9,14 @@ import pytest
 import torch
 import transformers
 from torch import Tensor
-from transformers import LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    Gemma2Config,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from pagedctl.engine.models.attention import AttentionMetadata
 from pagedctl.engine.models.layers import RopeConfig, rope_config
@@ -45,6 +52,14 @@ CONFIGS = {
     "qwen2-bias-tied": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3-qknorm-headdim32": lambda: Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False),
     "mistral-window8": lambda: MistralConfig(**TINY, sliding_window=8),
+    "gemma2-window6-softcaps": lambda: Gemma2Config(
+        **{**TINY, "num_hidden_layers": 3},
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+    ),
     "qwen2-window-top-layer": lambda: Qwen2Config(
         **TINY, use_sliding_window=True, sliding_window=6, max_window_layers=1
     ),
@@ -54,6 +69,7 @@ HF_CLASSES = {
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
+    "gemma2": transformers.Gemma2ForCausalLM,
 }
 PROMPT_LENS = (13, 7, 21)
 ATOL = 1e-4

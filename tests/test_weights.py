@@ -146,6 +146,7 @@ PRESETS = {
     "llama-3.2-1b": ("LlamaForCausalLM", 16, 2048, 32, 8, 64, 128256, 32768),
     "llama-3-8b": ("LlamaForCausalLM", 32, 4096, 32, 8, 128, 128256, 131072),
     "mistral-7b": ("MistralForCausalLM", 32, 4096, 32, 8, 128, 32000, 131072),
+    "gemma-2-2b": ("Gemma2ForCausalLM", 26, 2304, 8, 4, 256, 256000, 106496),
     "smollm2-135m-instruct": ("LlamaForCausalLM", 30, 576, 9, 3, 64, 49152, 23040),
 }
 
@@ -214,7 +215,7 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
         str(tmp_path / "hf"),
     ):
         assert needle in message
-    known = r"known: llama-3-8b, llama-3\.2-1b, mistral-7b, qwen2\.5-0\.5b-instruct"
+    known = r"known: gemma-2-2b, llama-3-8b, llama-3\.2-1b, mistral-7b, qwen2\.5-0\.5b-instruct"
     with pytest.raises(ModelNotFoundError, match=known):
         resolve_model("org/not-cached")
 

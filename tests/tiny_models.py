@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
     LlamaConfig,
     MistralConfig,
     PretrainedConfig,
@@ -32,7 +33,8 @@ MISTRAL_WINDOW = 24
 
 def tiny_config(arch: str) -> PretrainedConfig:
     """Configs for each supported family: Llama 3 RoPE scaling, Qwen2 biases, Qwen3 q/k norms,
-    Mistral's sliding window (24 tokens: shorter than most test prompts)."""
+    Mistral's sliding window (24 tokens: shorter than most test prompts), Gemma 2's local and
+    global layers, norms and soft-capping."""
     if arch == "llama":
         return LlamaConfig(
             **COMMON,
@@ -56,6 +58,11 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return MistralConfig(
             **COMMON, sliding_window=MISTRAL_WINDOW, architectures=["MistralForCausalLM"]
         )
+    if arch == "gemma2":  # local layers of the same window between global ones, soft-capped
+        return Gemma2Config(
+            **{**COMMON, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
+            sliding_window=MISTRAL_WINDOW, architectures=["Gemma2ForCausalLM"],
+        )  # fmt: skip
     raise ValueError(arch)
 
 

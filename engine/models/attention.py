@@ -45,7 +45,13 @@ class PagedAttention(nn.Module):
     """
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        window: int | None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads != 0:
@@ -58,6 +64,7 @@ class PagedAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.window = window  # the last `window` positions up to a query's own; None: all
+        self.softcap = softcap  # logits through softcap * tanh(s / softcap) (Gemma 2); None: off
         self.batch_invariant = False  # each row's bits set by its own sequence (`deterministic`)
 
     def forward(
@@ -84,4 +91,5 @@ class PagedAttention(nn.Module):
             num_splits=meta.num_splits,
             batch_invariant=self.batch_invariant,
             window=self.window,
+            softcap=self.softcap,
         )

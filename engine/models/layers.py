@@ -124,18 +124,34 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
 
-class GatedMLP(nn.Module):
-    """SwiGLU MLP with gate and up projections fused into one matmul: `down(silu(gate) * up)`."""
+# a config's activation name -> the gated MLP's
+MLP_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
-    def __init__(self, hidden_size: int, intermediate_size: int, quantized: bool = False) -> None:
+
+class GatedMLP(nn.Module):
+    """Gated MLP with gate and up projections fused into one matmul: `down(act(gate) * up)`,
+    `act` SiLU (SwiGLU, the fused kernel) or tanh-approximated GELU (GeGLU, Gemma)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        quantized: bool = False,
+        activation: str = "silu",
+    ) -> None:
         super().__init__()
+        self.activation = activation
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, quantized=quantized)
         self.down_proj = Linear(intermediate_size, hidden_size, quantized=quantized)
         self.batch_invariant = False  # rows computed alike whatever the batch (`deterministic`)
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to `[tokens, hidden]`."""
-        act = silu_and_mul(self.gate_up_proj(x), batch_invariant=self.batch_invariant)
+        gate_up = self.gate_up_proj(x)
+        if self.activation == "gelu_tanh":
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        act = silu_and_mul(gate_up, batch_invariant=self.batch_invariant)
         return self.down_proj(act)
 
 
@@ -266,6 +282,11 @@ class ModelSpec:
     tie_word_embeddings: bool
     rope: RopeConfig
     layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None: full
+    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    gemma: bool = False  # (1 + w) norms, scaled embedding, norms around attention and MLP
+    attn_scale: float | None = None  # of q.k; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # attention logits through cap * tanh(s / cap)
+    final_softcap: float | None = None  # output logits likewise
     quantized: bool = False  # projections built without float weights (integers load later)
 
     @property
@@ -279,9 +300,16 @@ class ModelSpec:
 def model_spec(cfg: object) -> ModelSpec:
     """Validate a config of a family the engine runs and read the switches it implies."""
     family = family_of(cfg)
-    for name, ok in (("hidden_act", "silu"), ("mlp_bias", False)):
-        if family.read(cfg, name) != ok:
-            raise UnsupportedModelError(f"{name}={getattr(cfg, name)!r} is not supported")
+    act = family.read(cfg, family.activation_field)
+    if act not in MLP_ACTIVATIONS:
+        raise UnsupportedModelError(
+            f"{family.activation_field}={act!r} is not supported; pagedctl runs "
+            f"{', '.join(MLP_ACTIVATIONS)}"
+        )
+    if family.read(cfg, "mlp_bias"):
+        raise UnsupportedModelError(f"mlp_bias={cfg.mlp_bias!r} is not supported")
+    gemma = family.gemma
+    head_dim = family.read(cfg, "head_dim") or cfg.hidden_size // cfg.num_attention_heads
     heads = cfg.num_attention_heads
     qkv_bias, o_bias = family.attention_biases(cfg)
     return ModelSpec(
@@ -292,7 +320,7 @@ def model_spec(cfg: object) -> ModelSpec:
         num_layers=cfg.num_hidden_layers,
         num_heads=heads,
         num_kv_heads=family.read(cfg, "num_key_value_heads") or heads,
-        head_dim=family.read(cfg, "head_dim") or cfg.hidden_size // heads,
+        head_dim=head_dim,
         rms_norm_eps=cfg.rms_norm_eps,
         max_positions=cfg.max_position_embeddings,
         qkv_bias=qkv_bias,
@@ -301,6 +329,11 @@ def model_spec(cfg: object) -> ModelSpec:
         tie_word_embeddings=bool(family.read(cfg, "tie_word_embeddings")),
         rope=rope_config(cfg),
         layer_windows=family.layer_windows(cfg),
+        activation=MLP_ACTIVATIONS[act],
+        gemma=gemma,
+        attn_scale=(family.read(cfg, "query_pre_attn_scalar") if gemma else head_dim) ** -0.5,
+        attn_softcap=family.read(cfg, "attn_logit_softcapping") if gemma else None,
+        final_softcap=family.read(cfg, "final_logit_softcapping") if gemma else None,
     )
 
 

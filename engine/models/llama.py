@@ -1,9 +1,10 @@
-"""One Llama-style decoder for the families whose spec names it (Llama, Qwen2, Qwen3), on a
-paged KV cache.
+"""One Llama-style decoder for the families whose spec names it (Llama, Qwen2, Qwen3, Mistral,
+Gemma 2), on a paged KV cache.
 
 The families differ only by switches: their spec's (q/k/v bias, per-head q/k RMSNorm before
-RoPE) and the config's (RoPE scaling, an explicit head_dim, tied embeddings). Projections are
-fused as the spec says (q/k/v, gate/up); `load_weights` splits Hugging Face names onto them.
+RoPE, Gemma's norms, GeGLU, scaled embedding and soft-capping) and the config's (sliding windows,
+RoPE scaling, an explicit head_dim, tied embeddings). Projections are fused as the spec says
+(q/k/v, gate/up); `load_weights` splits Hugging Face names onto them.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias, q)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        scale = spec.attn_scale or spec.head_dim**-0.5
         self.attn = PagedAttention(
-            spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.head_dim**-0.5, window
+            spec.num_heads, spec.num_kv_heads, spec.head_dim, scale, window, spec.attn_softcap
         )
 
     def forward(
@@ -74,9 +76,15 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, window: int | None = None) -> None:
         super().__init__()
         self.self_attn = SelfAttention(spec, window)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.quantized)
+        self.mlp = GatedMLP(
+            spec.hidden_size, spec.intermediate_size, spec.quantized, spec.activation
+        )
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.gemma = spec.gemma
+        if spec.gemma:  # norms on the attention's output and around the MLP
+            self.pre_feedforward_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
     def forward(
         self,
@@ -98,6 +106,9 @@ class DecoderLayer(nn.Module):
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rope, kv_cache, meta)
+        if self.gemma:  # x + post(attn(in(x))), then that + post_ff(mlp(pre_ff(that)))
+            x, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(x), residual)
+            return self.post_feedforward_layernorm(self.mlp(x)), residual
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -146,6 +157,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> Tensor:
         """Hidden states `[num_tokens, hidden]` of a flat varlen batch (int64 ids and positions)."""
         x, residual = self.model.embed_tokens(input_ids), None
+        if self.spec.gemma:  # Gemma scales the embedding by sqrt(hidden), rounded to the dtype
+            x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype, device=x.device)
         rope = self.model.rotary
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
@@ -154,7 +167,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Logits `[rows, vocab]` of the rows that sample, in the model's dtype: the sampler
         reads them as they are (argmax, the fused temperature kernel) or upcasts to float32."""
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def pack_weights(self) -> int:
         """Pack every projection's weight (the output layer's too) for the faster matmul the
@@ -208,6 +223,7 @@ class LlamaForCausalLM(nn.Module):
                 f"checkpoint does not match the model: unknown {_short(unknown)}, "
                 f"missing {_short(missing)}; check that config.json belongs to these weights"
             )
+        self._fold_norm_offsets()
 
     def _load_quantized(self, weights: Iterable[tuple[str, Tensor | QuantizedWeight]]) -> None:
         """`load_weights` of a model built `quantized`: each projection takes its checkpoint
@@ -261,6 +277,16 @@ class LlamaForCausalLM(nn.Module):
                 f"checkpoint does not match the model: unknown {_short(unknown)}, "
                 f"missing {_short(missing)}; check that config.json belongs to these weights"
             )
+        self._fold_norm_offsets()
+
+    def _fold_norm_offsets(self) -> None:
+        """Gemma's RMSNorm scales by (1 + weight): the 1 is added to the loaded weights once
+        (in float32 the same product; in 16 bits the sum is rounded once, at load)."""
+        if self.spec.gemma:
+            with torch.no_grad():
+                for m in self.modules():
+                    if isinstance(m, RMSNorm):
+                        m.weight.add_(1.0)
 
     def _linear_targets(self) -> dict[str, tuple[str, int, int]]:
         """HF weight name -> (projection module, its part, parts) of every projection built

@@ -53,6 +53,12 @@ class Family:
             `sliding_window` is always on.
         window_from_layer: the config field naming the first layer the window applies to
             (Qwen2's `max_window_layers`); None: every layer, unless `layer_types` says.
+        global_every: where `layer_types` is absent, every this-many-th layer attends to the
+            whole history and the others to the window (Gemma 2: 2); None: the rules above.
+        activation_field: the config field naming the MLP's activation.
+        gemma: Gemma's switches: RMSNorm scaling by (1 + weight), the embedding scaled by
+            sqrt(hidden_size), norms after attention and before and after the MLP,
+            `query_pre_attn_scalar`, attention and final logit soft-capping.
         gguf_arch: llama.cpp's `general.architecture` for the family; None: no GGUF conversion.
         gguf_unpermute_qk: llama.cpp's converter interleaved each head's rotary halves in the q/k
             rows (its Llama convention); conversion puts them back.
@@ -69,6 +75,9 @@ class Family:
     qk_norm: bool = False
     sliding_window_switch: str | None = "use_sliding_window"
     window_from_layer: str | None = None
+    global_every: int | None = None
+    activation_field: str = "hidden_act"
+    gemma: bool = False
     gguf_arch: str | None = None
     gguf_unpermute_qk: bool = False
     fused: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _LLAMA_FUSED)
@@ -113,6 +122,9 @@ class Family:
                     "sliding_attention and full_attention layers"
                 )
             return tuple(window if k == "sliding_attention" else None for k in kinds)
+        if self.global_every:
+            every = self.global_every
+            return tuple(None if (i + 1) % every == 0 else window for i in range(num_layers))
         first = self.read(config, self.window_from_layer) if self.window_from_layer else 0
         return tuple(window if i >= (first or 0) else None for i in range(num_layers))
 
@@ -215,9 +227,42 @@ _MISTRAL = Family(
     sliding_window_switch=None,
 )
 
+# Gemma 2: local (sliding) and global layers in turn, Gemma's norms and soft-capping.
+_GEMMA2 = Family(
+    model_type="gemma2",
+    architectures=("Gemma2ForCausalLM",),
+    model_class=_LLAMA_DECODER,
+    config_defaults=MappingProxyType(
+        {
+            **_COMMON,
+            "vocab_size": 256000,
+            "hidden_size": 2304,
+            "intermediate_size": 9216,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": True,
+            "query_pre_attn_scalar": 256,
+            "sliding_window": 4096,
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": 50.0,
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+        }
+    ),
+    sliding_window_switch=None,
+    global_every=2,
+    activation_field="hidden_activation",
+    gemma=True,
+)
+
 # model_type -> its family: every family pagedctl knows, run (a `model_class`) or only planned.
 FAMILIES: Mapping[str, Family] = MappingProxyType(
-    {f.model_type: f for f in (_LLAMA, _QWEN2, _QWEN3, _MISTRAL)}
+    {f.model_type: f for f in (_LLAMA, _QWEN2, _QWEN3, _MISTRAL, _GEMMA2)}
 )
 
 
@@ -308,6 +353,11 @@ def expected_weight_shapes(
         layer["self_attn.o_proj.bias"] = (h,)
     if family.qk_norm:
         layer |= {"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)}
+    if family.gemma:
+        layer |= {
+            "pre_feedforward_layernorm.weight": (h,),
+            "post_feedforward_layernorm.weight": (h,),
+        }
     if family.read(config, "mlp_bias"):
         layer |= {
             "mlp.gate_proj.bias": (inter,),
