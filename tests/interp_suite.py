@@ -47,3 +47,23 @@ def stop_all() -> None:
         proc.wait()
         log.close()
     _children.clear()
+
+
+def row_independent_dot(monkeypatch) -> None:
+    """Make every row of an interpreted `tl.dot` its own `[1, K] @ [K, N]` product, as a GPU's
+    MMA computes each output row alone. The interpreter runs `tl.dot` as one `np.matmul` of the
+    whole tile, and BLAS (OpenBLAS on AMD Zen, for one) may sum a row's products in an order set
+    by its place in the tile: with this, a bits test checks the kernel's part, that no tile
+    shape, padding row, chunking or split mixes one row's sums with another's."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.ndim != 2 or a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = np.stack([np.matmul(row[None], b.data, dtype=d.data.dtype)[0] for row in a.data])
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

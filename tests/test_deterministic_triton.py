@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.interp_suite import row_independent_dot
 from tests.test_kernels_reference import naive_attention
 from tests.test_kernels_triton import (
     INTERPRETED,
@@ -40,25 +41,9 @@ def test_interpreter_suite() -> None:
 
 @pytest.fixture(autouse=True)
 def _row_independent_dot(monkeypatch):
-    """The interpreter runs `tl.dot` as one `np.matmul` of the whole tile, and BLAS (OpenBLAS on
-    AMD Zen, for one) may sum a row's products in an order set by its place in the tile. A GPU's
-    MMA computes each output row alone, so here every row of a tile is its own `[1, K] @ [K, N]`
-    product: what these tests check is the kernels' part, that no tile shape, padding row,
-    chunking or split mixes one row's sums with another's."""
-    if not INTERPRETED:
-        return
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.data.ndim != 2 or a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
-            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-        out = np.stack([np.matmul(row[None], b.data, dtype=d.data.dtype)[0] for row in a.data])
-        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    """Under the interpreter, each row of a `tl.dot` alone (`interp_suite.row_independent_dot`)."""
+    if INTERPRETED:
+        row_independent_dot(monkeypatch)
 
 
 @interp

@@ -520,20 +520,8 @@ def test_interp_engine_steps_on_the_kernels_match_the_reference_path(
 
 @pytest.fixture
 def row_independent_dot(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row of an interpreted `tl.dot` as its own product, as a GPU's MMA computes it
-    (see tests/test_deterministic_triton.py): a bits test then checks the kernel's part."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.data.ndim != 2 or a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
-            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-        out = np.stack([np.matmul(row[None], b.data, dtype=d.data.dtype)[0] for row in a.data])
-        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    """Every row of an interpreted `tl.dot` as its own product (`interp_suite`)."""
+    interp_suite.row_independent_dot(monkeypatch)
 
 
 @interp

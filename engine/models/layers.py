@@ -27,7 +27,7 @@ from ...kernels import (
     rms_norm,
     silu_and_mul,
 )
-from .registry import Family, UnsupportedModelError, family_of
+from .registry import Family, UnsupportedModelError, common_window, family_of
 
 
 class Linear(nn.Module):
@@ -293,8 +293,7 @@ class ModelSpec:
     def kv_window(self) -> int | None:
         """The window every layer attends within, so that the KV cache may drop a sequence's
         blocks before it; None where some layer sees the whole history."""
-        windows = set(self.layer_windows)
-        return next(iter(windows)) if len(windows) == 1 else None
+        return common_window(self.layer_windows)
 
 
 def model_spec(cfg: object) -> ModelSpec:

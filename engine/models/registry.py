@@ -128,10 +128,22 @@ class Family:
         first = self.read(config, self.window_from_layer) if self.window_from_layer else 0
         return tuple(window if i >= (first or 0) else None for i in range(num_layers))
 
+    def kv_window(self, config: object) -> int | None:
+        """The window every layer attends within, so that a sequence's blocks before it may be
+        given back; None where some layer sees the whole history."""
+        return common_window(self.layer_windows(config))
+
     def read(self, config: object, name: str) -> Any:
         """A field of a config of this family (any object with the fields as attributes): the
         family's default where the config lacks it, as transformers' config class reads it."""
         return getattr(config, name, self.config_defaults.get(name))
+
+
+def common_window(layer_windows: tuple[int | None, ...]) -> int | None:
+    """The one sliding window of every layer, or None (a layer of full attention, or layers of
+    different windows)."""
+    windows = set(layer_windows)
+    return next(iter(windows)) if len(windows) == 1 else None
 
 
 # The defaults transformers' Llama, Qwen2, Qwen3 and Mistral configs share, for the fields the

@@ -88,13 +88,11 @@ class ModelFootprint:
     def kv_window(self) -> int | None:
         """The sliding window every layer attends within (a sequence then holds only its
         window's blocks), or None where some layer attends to the whole history."""
+        family = planning_family(self.config.get("model_type"))
         try:
-            windows = set(planning_family(self.config.get("model_type")).layer_windows(
-                SimpleNamespace(**self.config)
-            ))  # fmt: skip
+            return family.kv_window(SimpleNamespace(**self.config))
         except (AttributeError, ValueError):
             return None
-        return next(iter(windows)) if len(windows) == 1 else None
 
     @property
     def max_positions(self) -> int:
@@ -205,16 +203,15 @@ def _notes(cfg: dict) -> tuple[str, ...]:
     if cfg.get("num_experts") or cfg.get("num_local_experts"):
         notes.append("mixture of experts: the weight count from the config is not exact")
     window = family.sliding_window(SimpleNamespace(**cfg))
-    if window:
-        try:
-            every = set(family.layer_windows(SimpleNamespace(**cfg))) == {window}
-        except (AttributeError, ValueError):
-            every = False
-        if not every:  # a window on every layer is shown in section 2
-            notes.append(
-                f"sliding window {window} on some layers only: the others attend to every "
-                "token, so a sequence holds all its blocks"
-            )
+    try:
+        every = family.kv_window(SimpleNamespace(**cfg)) is not None
+    except (AttributeError, ValueError):
+        every = False
+    if window and not every:  # a window on every layer is shown in section 2
+        notes.append(
+            f"sliding window {window} on some layers only: the others attend to every "
+            "token, so a sequence holds all its blocks"
+        )
     return tuple(notes)
 
 
