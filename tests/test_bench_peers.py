@@ -45,9 +45,11 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_nano_bench_recipes_draw_the_throughput_workload():
-    for name, model in (
-        ("nano-bench", "qwen2.5-0.5b-instruct"),
-        ("nano-bench-qwen3", "qwen3-0.6b"),
+    for name, model, batch in (
+        ("nano-bench", "qwen2.5-0.5b-instruct", 256),
+        ("nano-bench-qwen3", "qwen3-0.6b", 256),
+        ("nano-bench-mistral", "mistral-7b", 64),
+        ("nano-bench-gemma2", "gemma-2-2b", 128),
     ):
         r = load_bench_recipe(RECIPES / f"{name}.yaml")
         assert (r.name, r.model, r.load_format, r.device, r.dtype) == (
@@ -59,7 +61,7 @@ def test_nano_bench_recipes_draw_the_throughput_workload():
         )
         assert r.workload == WorkloadSpec(256, (100, 1024), (100, 1024), (0, 10000), 0, 0.6)
         assert list(r.peers) == ["hf-generate", "hf-static", "hf-continuous"]
-        assert r.peers["hf-generate"]["batch_size"] == 256
+        assert r.peers["hf-generate"]["batch_size"] == r.peers["hf-static"]["batch_size"] == batch
         assert r.peers["hf-continuous"]["page_size"] == 256
     cpu = load_bench_recipe(RECIPES / "nano-bench-cpu.yaml")
     assert cpu.model is None and cpu.device == "cpu" and cpu.workload.num_requests == 8

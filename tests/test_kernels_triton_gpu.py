@@ -70,18 +70,20 @@ def build(
     return q, k_cache, v_cache, table, lens, cu
 
 
-def compare(batch: tuple[Tensor, ...], num_splits: int | None = None) -> None:
-    """Triton output == reference output within the dtype's tolerance; no NaN anywhere."""
+def compare(batch: tuple[Tensor, ...], num_splits: int | None = None, **options) -> Tensor:
+    """Triton output == reference output within the dtype's tolerance; no NaN anywhere.
+    `options`: the ops' `window` and `softcap`. Returns the Triton output."""
     from pagedctl.kernels.triton_attention import paged_attention
 
     q, k_cache, v_cache, table, lens, cu = batch
     paged = PagedBatch(table, lens, cu, int((cu[1:] - cu[:-1]).max()), int(lens.max()))
     args = (q, k_cache, v_cache, paged, q.shape[-1] ** -0.5)
-    out = paged_attention(*args, num_splits=num_splits)
-    ref = reference.paged_attention(*args)
+    out = paged_attention(*args, num_splits=num_splits, **options)
+    ref = reference.paged_attention(*args, **options)
     assert torch.isfinite(out).all()
     atol, rtol = TOL[q.dtype]
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    return out
 
 
 MIXED = [(512, 0), (300, 1000), (1, 8191), (1, 4096), (7, 33), (1, 1), (64, 2047)]
@@ -154,6 +156,39 @@ def test_fused_combine_matches_the_combine_kernel(batch: int, splits: int) -> No
 def test_head_dim_128_decode_and_prefill(head_dim: int) -> None:
     compare(build(MIXED, 32, (16, 8), torch.float16, head_dim=head_dim))
     compare(build([(1, 5000), (1, 17)], 32, (16, 8), torch.float16, head_dim=head_dim))
+
+
+# Mistral-7B's and Gemma-2-2B's heads: (32, 8) x 128 with a 4,096 window; (8, 4) x 256 with a
+# 4,096 window and logits capped at 50.
+WINDOWED = [((32, 8), 128, 4096, None), ((8, 4), 256, 4096, 50.0)]
+
+
+@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize(("heads", "head_dim", "window", "softcap"), WINDOWED)
+def test_sliding_window_and_softcap_match_reference(
+    heads: tuple[int, int], head_dim: int, window: int, softcap: float | None, dtype: torch.dtype
+) -> None:
+    """Real shapes and windows: decode rows below, at and far past the window (to 32K, split
+    and not), prefill chunks straddling its edge, a mixed batch; and the same with every block
+    the window has passed freed (NaN, its table entry stale, 0 or out of range): the same bits."""
+    from tests.test_kernels_reference import free_outside_window
+
+    options = {"window": window, "softcap": softcap}
+    decode = [(1, 100), (1, window - 1), (1, window), (1, window + 17), (1, 20000), (1, 32767)]
+    prefill = [(512, window - 200), (300, 3 * window), (64, 0), (1, 9000)]
+    for specs, block in ((decode, 16), (prefill, 32), (MIXED, 16)):
+        for splits in (None, 1, 7) if specs is decode else (None, 4):
+            compare(build(specs, block, heads, dtype, head_dim), splits, **options)
+    from pagedctl.kernels.triton_attention import paged_attention
+
+    for specs, block in ((decode, 16), (prefill, 32)):
+        want = compare(build(specs, block, heads, dtype, head_dim, seed=3), **options)
+        q, k, v, table, lens, cu = build(specs, block, heads, dtype, head_dim, seed=3)
+        q_lens = (cu[1:] - cu[:-1]).tolist()
+        assert free_outside_window(k, v, table, lens.tolist(), q_lens, window, GARBAGE_BLOCK)
+        paged = PagedBatch(table, lens, cu, max(q_lens), int(lens.max()))
+        got = paged_attention(q, k, v, paged, head_dim**-0.5, **options)
+        assert torch.equal(got, want)
 
 
 def test_pool_of_more_than_2_pow_31_elements() -> None:
