@@ -77,12 +77,12 @@ def attention(spec, window: int, batch: int, ctx: int, dtype, device) -> dict:
             for k, v, t in pools
         ]
         keys = ctx if w is None else min(ctx, w)
-        need = 2 * batch * keys * hkv * d * q.element_size()
         row[f"ms_{name}"] = per_call_ms(calls)
-        row[f"bytes_{name}"] = need
-        row[f"ms_read_{name}"] = read_floor_ms(need, device)[0]
-    del pools
+        row[f"bytes_{name}"] = 2 * batch * keys * hkv * d * q.element_size()
+    del pools, calls
     torch.cuda.empty_cache()
+    for name in ("full", "window"):  # with the pools freed: a read floor allocates its own
+        row[f"ms_read_{name}"] = read_floor_ms(row[f"bytes_{name}"], device)[0]
     return row
 
 

@@ -158,7 +158,8 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states `[num_tokens, hidden]` of a flat varlen batch (int64 ids and positions)."""
         x, residual = self.model.embed_tokens(input_ids), None
         if self.spec.gemma:  # Gemma scales the embedding by sqrt(hidden), rounded to the dtype
-            x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype, device=x.device)
+            # (a Python number: a CUDA graph captures no host-to-device copy)
+            x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype).item()
         rope = self.model.rotary
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
