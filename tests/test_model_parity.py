@@ -13,6 +13,7 @@ from transformers import (
     Gemma2Config,
     LlamaConfig,
     MistralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
@@ -40,6 +41,7 @@ LLAMA3_ROPE = dict(
     high_freq_factor=4.0,
     original_max_position_embeddings=64,
 )
+NO_SPECIAL_IDS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # Phi-3's: 32000
 YARN_ROPE = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0)
 CONFIGS = {
     "llama-gqa-untied": lambda: LlamaConfig(**TINY, tie_word_embeddings=False),
@@ -60,6 +62,8 @@ CONFIGS = {
         attn_logit_softcapping=5.0,
         final_logit_softcapping=3.0,
     ),
+    "phi3-fused-window6": lambda: Phi3Config(**TINY, **NO_SPECIAL_IDS, sliding_window=6),
+    "phi3-fused-gqa": lambda: Phi3Config(**TINY, **NO_SPECIAL_IDS, tie_word_embeddings=False),
     "qwen2-window-top-layer": lambda: Qwen2Config(
         **TINY, use_sliding_window=True, sliding_window=6, max_window_layers=1
     ),
@@ -70,6 +74,7 @@ HF_CLASSES = {
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
     "gemma2": transformers.Gemma2ForCausalLM,
+    "phi3": transformers.Phi3ForCausalLM,
 }
 PROMPT_LENS = (13, 7, 21)
 ATOL = 1e-4
@@ -242,6 +247,13 @@ def test_build_model_rejects_unsupported_architectures() -> None:
 def test_unsupported_rope_type_is_a_clear_error(scaling: dict, message: str) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
         LlamaForCausalLM(LlamaConfig(**TINY, rope_scaling=scaling))
+
+
+def test_phi_with_a_partial_rotary_embedding_is_refused_by_name() -> None:
+    """Phi-4-mini's shape: RoPE over 3/4 of each head."""
+    config = Phi3Config(**TINY, **NO_SPECIAL_IDS, partial_rotary_factor=0.75)
+    with pytest.raises(UnsupportedModelError, match="partial rotary"):
+        LlamaForCausalLM(config)
 
 
 def test_yarn_scales_cos_and_sin_as_transformers_does() -> None:

@@ -147,6 +147,7 @@ PRESETS = {
     "llama-3-8b": ("LlamaForCausalLM", 32, 4096, 32, 8, 128, 128256, 131072),
     "mistral-7b": ("MistralForCausalLM", 32, 4096, 32, 8, 128, 32000, 131072),
     "gemma-2-2b": ("Gemma2ForCausalLM", 26, 2304, 8, 4, 256, 256000, 106496),
+    "phi-3-mini": ("Phi3ForCausalLM", 32, 3072, 32, 32, 96, 32064, 393216),
     "smollm2-135m-instruct": ("LlamaForCausalLM", 30, 576, 9, 3, 64, 49152, 23040),
 }
 
@@ -160,7 +161,7 @@ def test_presets_resolve_to_dummy_with_published_shapes(name: str) -> None:
     got += (c.num_key_value_heads, head_dim, c.vocab_size, KVLayout.from_config(c).bytes_per_token)
     assert got == PRESETS[name]
     assert (source.load_format, source.weights_dir, source.tokenizer_dir) == ("dummy", None, None)
-    assert c.tie_word_embeddings == (name not in ("llama-3-8b", "mistral-7b"))
+    assert c.tie_word_embeddings == (name not in ("llama-3-8b", "mistral-7b", "phi-3-mini"))
     with pytest.raises(ModelNotFoundError, match="no tokenizer"):
         load_tokenizer(source)
     with pytest.raises(ModelNotFoundError, match="without weights"):
@@ -215,7 +216,7 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
         str(tmp_path / "hf"),
     ):
         assert needle in message
-    known = r"known: gemma-2-2b, llama-3-8b, llama-3\.2-1b, mistral-7b, qwen2\.5-0\.5b-instruct"
+    known = r"known: gemma-2-2b, llama-3-8b, llama-3\.2-1b, mistral-7b, phi-3-mini, qwen2\.5-0\.5b"
     with pytest.raises(ModelNotFoundError, match=known):
         resolve_model("org/not-cached")
 

@@ -10,6 +10,7 @@ from transformers import (
     Gemma2Config,
     LlamaConfig,
     MistralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
@@ -62,6 +63,11 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return Gemma2Config(
             **{**COMMON, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
             sliding_window=MISTRAL_WINDOW, architectures=["Gemma2ForCausalLM"],
+        )  # fmt: skip
+    if arch == "phi3":  # fused qkv and gate_up tensors, a sliding window
+        return Phi3Config(
+            **COMMON, sliding_window=MISTRAL_WINDOW, tie_word_embeddings=False,
+            architectures=["Phi3ForCausalLM"],
         )  # fmt: skip
     raise ValueError(arch)
 

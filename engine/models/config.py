@@ -47,6 +47,9 @@ class ModelConfig:
         if name == "rope_parameters":  # transformers 5's one dict of rope_theta and rope_scaling
             params = dict(self.rope_scaling or {})
             params["rope_type"] = params.pop("type", None) or params.get("rope_type", "default")
+            partial = raw.get("partial_rotary_factor", defaults.get("partial_rotary_factor"))
+            if partial is not None:  # Phi-3 keeps it among the RoPE parameters
+                params.setdefault("partial_rotary_factor", partial)
             return {**params, "rope_theta": float(self.rope_theta)}
         if name in defaults:
             return defaults[name]

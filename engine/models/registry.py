@@ -62,7 +62,8 @@ class Family:
         gguf_arch: llama.cpp's `general.architecture` for the family; None: no GGUF conversion.
         gguf_unpermute_qk: llama.cpp's converter interleaved each head's rotary halves in the q/k
             rows (its Llama convention); conversion puts them back.
-        fused: a fused projection of the model -> the checkpoint tensors it holds, in row order.
+        fused: a fused projection of the model -> the checkpoint tensors it holds, in row order
+            (itself alone: the checkpoint stores it fused, as Phi-3's do).
         unused_weights: name endings of checkpoint tensors the model computes itself.
     """
 
@@ -272,9 +273,38 @@ _GEMMA2 = Family(
     gemma=True,
 )
 
+# Phi-3: a Llama whose checkpoints store q/k/v and gate/up fused, in the engine's row order
+# (loaded as they are stored); a sliding window wherever `sliding_window` is set (the 4K
+# models: 2047).
+_PHI3 = Family(
+    model_type="phi3",
+    architectures=("Phi3ForCausalLM",),
+    model_class=_LLAMA_DECODER,
+    config_defaults=MappingProxyType(
+        {
+            **_COMMON,
+            "vocab_size": 32064,
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": None,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "sliding_window": None,
+            "partial_rotary_factor": 1.0,
+            "bos_token_id": 1,
+            "eos_token_id": 32000,
+            "pad_token_id": 32000,
+        }
+    ),
+    sliding_window_switch=None,
+    fused=MappingProxyType({leaf: (leaf,) for leaf in _LLAMA_FUSED}),
+)
+
 # model_type -> its family: every family pagedctl knows, run (a `model_class`) or only planned.
 FAMILIES: Mapping[str, Family] = MappingProxyType(
-    {f.model_type: f for f in (_LLAMA, _QWEN2, _QWEN3, _MISTRAL, _GEMMA2)}
+    {f.model_type: f for f in (_LLAMA, _QWEN2, _QWEN3, _MISTRAL, _GEMMA2, _PHI3)}
 )
 
 
@@ -376,6 +406,14 @@ def expected_weight_shapes(
             "mlp.up_proj.bias": (inter,),
             "mlp.down_proj.bias": (h,),
         }
+    for leaf, parts in _LLAMA_FUSED.items():
+        if family.fused.get(leaf) == (leaf,):  # the checkpoint stores the parts as one tensor
+            module = "self_attn" if leaf == "qkv_proj" else "mlp"
+            for kind in ("weight", "bias"):
+                names = [f"{module}.{p}.{kind}" for p in parts]
+                if names[0] in layer:
+                    split = [layer.pop(n) for n in names]
+                    layer[f"{module}.{leaf}.{kind}"] = (sum(t[0] for t in split), *split[0][1:])
     shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
     for i in range(config.num_hidden_layers):
         shapes |= {f"model.layers.{i}.{k}": s for k, s in layer.items()}
