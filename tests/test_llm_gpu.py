@@ -16,7 +16,7 @@ pytestmark = [
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma2", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma2", "gemma3", "phi3"])
 def test_tiny_model_greedy_matches_transformers_on_cuda(tmp_path, arch):
     """fp32 greedy through the Triton kernels and CUDA graphs; Mistral's and Gemma 2's prompts
     run past their window (Gemma 2: soft caps, the scaled embedding)."""

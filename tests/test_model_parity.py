@@ -11,6 +11,7 @@ import transformers
 from torch import Tensor
 from transformers import (
     Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -62,6 +63,17 @@ CONFIGS = {
         attn_logit_softcapping=5.0,
         final_logit_softcapping=3.0,
     ),
+    # local layers' RoPE base 100 against the global ones' 1M, linearly scaled
+    "gemma3-window6-two-ropes": lambda: Gemma3TextConfig(
+        **{**TINY, "num_hidden_layers": 7},
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        },
+    ),
     "phi3-fused-window6": lambda: Phi3Config(**TINY, **NO_SPECIAL_IDS, sliding_window=6),
     "phi3-fused-gqa": lambda: Phi3Config(**TINY, **NO_SPECIAL_IDS, tie_word_embeddings=False),
     "qwen2-window-top-layer": lambda: Qwen2Config(
@@ -74,6 +86,7 @@ HF_CLASSES = {
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
     "gemma2": transformers.Gemma2ForCausalLM,
+    "gemma3_text": transformers.Gemma3ForCausalLM,
     "phi3": transformers.Phi3ForCausalLM,
 }
 PROMPT_LENS = (13, 7, 21)

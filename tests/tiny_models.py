@@ -8,6 +8,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -63,6 +64,11 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return Gemma2Config(
             **{**COMMON, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
             sliding_window=MISTRAL_WINDOW, architectures=["Gemma2ForCausalLM"],
+        )  # fmt: skip
+    if arch == "gemma3":  # five local layers (their own RoPE base) to a global one, q/k norms
+        return Gemma3TextConfig(
+            **{**COMMON, "num_hidden_layers": 7}, head_dim=16, query_pre_attn_scalar=16,
+            sliding_window=MISTRAL_WINDOW, architectures=["Gemma3ForCausalLM"],
         )  # fmt: skip
     if arch == "phi3":  # fused qkv and gate_up tensors, a sliding window
         return Phi3Config(

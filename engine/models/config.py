@@ -29,6 +29,7 @@ class ModelConfig:
         self._raw = dict(raw)
         family = FAMILIES.get(raw.get("model_type"))
         self._defaults = family.config_defaults if family else {}
+        self._local_rope = family.local_rope_theta_field if family else None
 
     @classmethod
     def from_file(cls, path: Path) -> ModelConfig:
@@ -50,7 +51,11 @@ class ModelConfig:
             partial = raw.get("partial_rotary_factor", defaults.get("partial_rotary_factor"))
             if partial is not None:  # Phi-3 keeps it among the RoPE parameters
                 params.setdefault("partial_rotary_factor", partial)
-            return {**params, "rope_theta": float(self.rope_theta)}
+            params = {**params, "rope_theta": float(self.rope_theta)}
+            if self._local_rope:  # Gemma 3: one mapping per layer type, as transformers 5 has
+                local = {"rope_type": "default", "rope_theta": float(getattr(self, self._local_rope))}
+                return {"full_attention": params, "sliding_attention": local}
+            return params
         if name in defaults:
             return defaults[name]
         raise AttributeError(f"the model's config has no {name!r}")

@@ -188,11 +188,14 @@ class RopeConfig:
     max_position_embeddings: int = field(default=0, compare=False)
 
 
-def rope_config(hf_config: object) -> RopeConfig:
-    """Read RoPE settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling`."""
+def rope_config(hf_config: object, layer_type: str = "full_attention") -> RopeConfig:
+    """Read RoPE settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling`;
+    where `rope_parameters` holds one mapping per layer type (Gemma 3), `layer_type`'s."""
     params = getattr(hf_config, "rope_parameters", None)
     if params is None:
         params = dict(getattr(hf_config, "rope_scaling", None) or {})
+    if per_layer_rope(params):
+        params = params[layer_type]
     theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type")) or "default"
     if rope_type in _ROPE_REFUSED:
@@ -224,6 +227,11 @@ def rope_config(hf_config: object) -> RopeConfig:
         int(original),
         **extra,
     )
+
+
+def per_layer_rope(params: object) -> bool:
+    """Whether a `rope_parameters` mapping has one entry per layer type (Gemma 3's)."""
+    return isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict)
 
 
 def rope_frequencies(head_dim: int, rope: RopeConfig) -> tuple[Tensor, float]:
@@ -282,6 +290,7 @@ class ModelSpec:
     tie_word_embeddings: bool
     rope: RopeConfig
     layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None: full
+    local_rope: RopeConfig | None = None  # the windowed layers' own (Gemma 3); None: `rope`
     activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     gemma: bool = False  # (1 + w) norms, scaled embedding, norms around attention and MLP
     attn_scale: float | None = None  # of q.k; None: head_dim ** -0.5
@@ -328,6 +337,11 @@ def model_spec(cfg: object) -> ModelSpec:
         tie_word_embeddings=bool(family.read(cfg, "tie_word_embeddings")),
         rope=rope_config(cfg),
         layer_windows=family.layer_windows(cfg),
+        local_rope=(
+            rope_config(cfg, "sliding_attention")
+            if per_layer_rope(getattr(cfg, "rope_parameters", None))
+            else None
+        ),
         activation=MLP_ACTIVATIONS[act],
         gemma=gemma,
         attn_scale=(family.read(cfg, "query_pre_attn_scalar") if gemma else head_dim) ** -0.5,

@@ -1,5 +1,5 @@
 """One Llama-style decoder for the families whose spec names it (Llama, Qwen2, Qwen3, Mistral,
-Gemma 2), on a paged KV cache.
+Gemma 2 and 3, Phi-3), on a paged KV cache.
 
 The families differ only by switches: their spec's (q/k/v bias, per-head q/k RMSNorm before
 RoPE, Gemma's norms, GeGLU, scaled embedding and soft-capping) and the config's (sliding windows,
@@ -120,7 +120,14 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.max_positions, spec.rope)
+        self.rotary_local = None  # the windowed layers' own table (Gemma 3)
+        if spec.local_rope is not None and spec.local_rope != spec.rope:
+            self.rotary_local = RotaryEmbedding(spec.head_dim, spec.max_positions, spec.local_rope)
         self.layers = nn.ModuleList(DecoderLayer(spec, w) for w in spec.layer_windows)
+        self.layer_ropes = [  # each layer's table (a plain list: the modules are registered above)
+            self.rotary if w is None or self.rotary_local is None else self.rotary_local
+            for w in spec.layer_windows
+        ]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
@@ -160,8 +167,8 @@ class LlamaForCausalLM(nn.Module):
         if self.spec.gemma:  # Gemma scales the embedding by sqrt(hidden), rounded to the dtype
             # (a Python number: a CUDA graph captures no host-to-device copy)
             x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype).item()
-        rope = self.model.rotary
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+        layers = zip(self.model.layers, self.model.layer_ropes, kv_caches, strict=True)
+        for layer, rope, kv_cache in layers:
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         return self.model.norm(x, residual)[0]
 

@@ -55,6 +55,10 @@ class Family:
             (Qwen2's `max_window_layers`); None: every layer, unless `layer_types` says.
         global_every: where `layer_types` is absent, every this-many-th layer attends to the
             whole history and the others to the window (Gemma 2: 2); None: the rules above.
+        global_every_field: the config field that sets `global_every` where present (Gemma 3's
+            `sliding_window_pattern`).
+        local_rope_theta_field: the config field of the windowed layers' own RoPE base (Gemma
+            3's `rope_local_base_freq`: default RoPE, no scaling); None: one RoPE for all.
         activation_field: the config field naming the MLP's activation.
         gemma: Gemma's switches: RMSNorm scaling by (1 + weight), the embedding scaled by
             sqrt(hidden_size), norms after attention and before and after the MLP,
@@ -77,6 +81,8 @@ class Family:
     sliding_window_switch: str | None = "use_sliding_window"
     window_from_layer: str | None = None
     global_every: int | None = None
+    global_every_field: str | None = None
+    local_rope_theta_field: str | None = None
     activation_field: str = "hidden_act"
     gemma: bool = False
     gguf_arch: str | None = None
@@ -123,8 +129,9 @@ class Family:
                     "sliding_attention and full_attention layers"
                 )
             return tuple(window if k == "sliding_attention" else None for k in kinds)
-        if self.global_every:
-            every = self.global_every
+        every = self.read(config, self.global_every_field) if self.global_every_field else None
+        every = every or self.global_every
+        if every:
             return tuple(None if (i + 1) % every == 0 else window for i in range(num_layers))
         first = self.read(config, self.window_from_layer) if self.window_from_layer else 0
         return tuple(window if i >= (first or 0) else None for i in range(num_layers))
@@ -273,6 +280,36 @@ _GEMMA2 = Family(
     gemma=True,
 )
 
+# Gemma 3 (text): Gemma 2's layers with q/k norms, no soft-capping, five local layers to a global
+# one, and the local layers' own RoPE base (10K; the global layers' is 1M, maybe scaled).
+_GEMMA3 = Family(
+    model_type="gemma3_text",
+    architectures=("Gemma3ForCausalLM",),
+    model_class=_LLAMA_DECODER,
+    config_defaults=MappingProxyType(
+        {
+            **_GEMMA2.config_defaults,
+            "vocab_size": 262208,
+            "intermediate_size": 9216,
+            "num_attention_heads": 8,
+            "max_position_embeddings": 131072,
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
+            "sliding_window": 4096,
+            "sliding_window_pattern": 6,
+            "final_logit_softcapping": None,
+            "attn_logit_softcapping": None,
+        }
+    ),
+    qk_norm=True,
+    sliding_window_switch=None,
+    global_every=6,
+    global_every_field="sliding_window_pattern",
+    local_rope_theta_field="rope_local_base_freq",
+    activation_field="hidden_activation",
+    gemma=True,
+)
+
 # Phi-3: a Llama whose checkpoints store q/k/v and gate/up fused, in the engine's row order
 # (loaded as they are stored); a sliding window wherever `sliding_window` is set (the 4K
 # models: 2047).
@@ -304,7 +341,7 @@ _PHI3 = Family(
 
 # model_type -> its family: every family pagedctl knows, run (a `model_class`) or only planned.
 FAMILIES: Mapping[str, Family] = MappingProxyType(
-    {f.model_type: f for f in (_LLAMA, _QWEN2, _QWEN3, _MISTRAL, _GEMMA2, _PHI3)}
+    {f.model_type: f for f in (_LLAMA, _QWEN2, _QWEN3, _MISTRAL, _GEMMA2, _GEMMA3, _PHI3)}
 )
 
 
