@@ -13,7 +13,10 @@ from tests.tiny_models import MISTRAL_WINDOW, hf_greedy, save_tiny_model
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"])
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = save_tiny_model(request.param, folder)

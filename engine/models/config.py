@@ -53,7 +53,8 @@ class ModelConfig:
                 params.setdefault("partial_rotary_factor", partial)
             params = {**params, "rope_theta": float(self.rope_theta)}
             if self._local_rope:  # Gemma 3: one mapping per layer type, as transformers 5 has
-                local = {"rope_type": "default", "rope_theta": float(getattr(self, self._local_rope))}
+                theta = float(getattr(self, self._local_rope))
+                local = {"rope_type": "default", "rope_theta": theta}
                 return {"full_attention": params, "sliding_attention": local}
             return params
         if name in defaults:
