@@ -238,6 +238,12 @@ TEMPLATE = (
 )
 
 
+# Gemma's query scale is head_dim's (as llama.cpp assumes below 27B); windows shorter than the
+# logits' prompt; Gemma 3's global layers linearly scaled, as its 4B+ models are.
+GEMMA = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4}
+LINEAR = {"rope_type": "linear", "factor": 8.0}
+
+
 def tiny_model(arch: str, **overrides: object) -> PreTrainedModel:
     torch.manual_seed(0)
     config = AutoConfig.for_model(arch, **(TINY | overrides))
@@ -250,7 +256,14 @@ def llama_cpp_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf_name: str) -> str:
+GGUF_ARCHES = {"gemma3_text": "gemma3"}  # model_type -> llama.cpp's name, where they differ
+
+
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    if arch.startswith("gemma"):  # gguf's own map of Hugging Face names, as llama.cpp converts
+        arches = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+        stem, _, suffix = hf_name.rpartition(".")
+        return f"{gguf.get_tensor_name_map(arches[arch], 64).get_name(stem)}.{suffix}"
     top = {
         "model.embed_tokens.weight": "token_embd.weight",
         "model.norm.weight": "output_norm.weight",
@@ -275,7 +288,8 @@ def write_gguf(
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     c = model.config
-    writer = gguf.GGUFWriter(str(path), arch or c.model_type)
+    arch = arch or GGUF_ARCHES.get(c.model_type, c.model_type)
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
@@ -284,8 +298,17 @@ def write_gguf(
     writer.add_head_count_kv(c.num_key_value_heads)
     if hasattr(c, "head_dim"):
         writer.add_key_length(c.head_dim)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # Gemma 3: the global's
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if arch.startswith("gemma"):
+        writer.add_sliding_window(c.sliding_window)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(c.final_logit_softcapping)
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *bytes_to_unicode().values(), "Ġt"]
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
@@ -306,11 +329,13 @@ def write_gguf(
         proj = name.split(".")[-2]
         if c.model_type == "llama" and proj in heads:
             w = llama_cpp_rows(w, heads[proj])
-        blocks = quant(gguf_name(name), w) if quant else None
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            w = w + 1  # llama.cpp's converter: its RMSNorm scales by the weight alone
+        blocks = quant(gguf_name(name, arch), w) if quant else None
         if blocks is None:
-            writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
+            writer.add_tensor(gguf_name(name, arch), np.ascontiguousarray(w))
         else:
-            writer.add_tensor(gguf_name(name), blocks[0], raw_dtype=blocks[1])
+            writer.add_tensor(gguf_name(name, arch), blocks[0], raw_dtype=blocks[1])
     for name, w in (extra or {}).items():
         writer.add_tensor(name, w)
     writer.write_header_to_file()
@@ -341,8 +366,10 @@ def test_unpermute_qk_restores_rotary_halves() -> None:
         ("llama", {"tie_word_embeddings": False}),
         ("qwen2", {}),
         ("qwen3", {"head_dim": 16}),
+        ("gemma2", GEMMA | {"num_hidden_layers": 3}),
+        ("gemma3_text", GEMMA | {"num_hidden_layers": 7, "rope_scaling": LINEAR}),
     ],
-    ids=["llama", "llama-untied", "qwen2", "qwen3"],
+    ids=["llama", "llama-untied", "qwen2", "qwen3", "gemma2", "gemma3"],
 )
 def test_tiny_gguf_converts_back_to_the_model(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, overrides: dict

@@ -1,7 +1,7 @@
 """GGUF files into Hugging Face folders: read, dequantize, write, verify.
 
 `convert_gguf` turns a GGUF file of a family the registry converts (its `gguf_arch`: Llama,
-Qwen2, Qwen3) into a folder transformers and pagedctl both load: config.json, float16
+Qwen2, Qwen3, Gemma 2 and 3) into a folder transformers and pagedctl both load: config.json, float16
 model.safetensors, generation config, the tokenizer with the GGUF's chat template, and a manifest
 saying where it came from.
 """
@@ -72,7 +72,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     kinds = _write_weights(reader, family, config, out_dir / "model.safetensors")
     config.save_pretrained(out_dir)
     saved = json.loads((out_dir / "config.json").read_text())
-    saved.setdefault("rope_theta", saved["rope_parameters"]["rope_theta"])  # transformers < 5
+    rope = saved["rope_parameters"]
+    rope = rope.get("full_attention", rope)  # Gemma 3's: one mapping per layer type
+    saved.setdefault("rope_theta", rope["rope_theta"])  # transformers < 5
     (out_dir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     ids = {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     GenerationConfig(**ids).save_pretrained(out_dir)
@@ -115,10 +117,11 @@ def _config_from_gguf(
     from transformers import AutoConfig
 
     arch = family.gguf_arch
-    if meta.get(f"{arch}.rope.scaling.type", "none") != "none":
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
         raise UnsupportedModelError(
-            f"this GGUF uses RoPE scaling ({meta[f'{arch}.rope.scaling.type']}), which pagedctl "
-            "does not convert; use the model's Hugging Face safetensors folder instead"
+            f"this GGUF uses RoPE scaling ({scaling}), which pagedctl does not convert (it "
+            "converts linear scaling); use the model's Hugging Face safetensors folder instead"
         )
 
     def get(key: str, default: Any = None) -> Any:
@@ -148,12 +151,39 @@ def _config_from_gguf(
             kwargs[f"{role}_token_id"] = meta.get(f"tokenizer.ggml.{key}")
     if family.qkv_bias is None:  # the config's attention_bias says: read it off the tensors
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if scaling == "linear":
+        factor = float(meta[f"{arch}.rope.scaling.factor"])
+        kwargs["rope_scaling"] = {"rope_type": "linear", "factor": factor}
+    if family.gemma:
+        kwargs |= _gemma_config(family, get, hidden // heads, head_dim)
     if rope_freqs is not None:
         kwargs["rope_scaling"] = llama3_rope_from_freqs(
             np.asarray(rope_freqs, dtype=np.float32).reshape(-1), kwargs["rope_theta"], head_dim
         )
         kwargs["rope_parameters"] = {**kwargs["rope_scaling"], "rope_theta": kwargs["rope_theta"]}
     return AutoConfig.for_model(family.model_type, **kwargs)
+
+
+# llama.cpp's Gemma 27B models (Gemma 2: 46 blocks, Gemma 3: 62) scale q by hidden / heads
+# rather than by head_dim; its GGUFs do not store `query_pre_attn_scalar`.
+_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma_config(family: Family, get: Any, hidden_per_head: int, head_dim: int) -> dict:
+    """A Gemma GGUF's config fields beyond Llama's: the window, Gemma 2's soft caps, and the
+    query scale llama.cpp derives as it does (Gemma 3's local RoPE base is llama.cpp's fixed
+    10,000, the config's default; its window pattern, 6, likewise)."""
+    arch = family.gguf_arch
+    big = get("block_count") == _GEMMA_27B_BLOCKS.get(arch)
+    fields = {
+        "sliding_window": get("attention.sliding_window", family.config_defaults["sliding_window"]),
+        "query_pre_attn_scalar": hidden_per_head if big else head_dim,
+        "head_dim": head_dim,
+    }
+    if arch == "gemma2":
+        fields["attn_logit_softcapping"] = get("attn_logit_softcapping")
+        fields["final_logit_softcapping"] = get("final_logit_softcapping")
+    return fields
 
 
 ROPE_FREQS = "rope_freqs.weight"
@@ -188,15 +218,22 @@ def llama3_rope_from_freqs(rope_freqs: np.ndarray, theta: float, head_dim: int) 
     return {"rope_type": "llama3", "factor": factor, **band}
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3....`)."""
+def hf_tensor_name(gguf_name: str, family: Family | None = None) -> str | None:
+    """The Hugging Face name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3....`),
+    in `family`'s names where they are its own (`Family.gguf_names`)."""
     stem, _, suffix = gguf_name.rpartition(".")
     if stem.startswith("blk."):
         _, layer, part = stem.split(".", 2)
-        mapped = _LAYER_NAMES.get(part)
+        mapped = (family.gguf_names if family else {}).get(part) or _LAYER_NAMES.get(part)
         return f"model.layers.{layer}.{mapped}.{suffix}" if mapped else None
     mapped = _TOP_NAMES.get(stem)
     return f"{mapped}.{suffix}" if mapped else None
+
+
+def gguf_norm_offset(family: Family, gguf_name: str) -> float:
+    """What llama.cpp's converter added to a tensor: 1 to each of Gemma's RMSNorm weights (its
+    kernel scales by the weight, Gemma's by 1 + weight); transformers' GGUF loader takes it off."""
+    return 1.0 if family.gemma and gguf_name.endswith("norm.weight") else 0.0
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -226,12 +263,13 @@ def _write_weights(
     tensors: dict[str, torch.Tensor] = {}
     kinds: Counter[str] = Counter()
     for t in reader.tensors:
-        name = hf_tensor_name(t.name)
+        name = hf_tensor_name(t.name, family)
         if t.name == ROPE_FREQS:
             continue  # in config.json's rope_scaling
         if name is None:
             raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart")
         w = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+        w = w - np.float32(gguf_norm_offset(family, t.name)) if family.gemma else w
         part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if family.gguf_unpermute_qk and part in heads:
             w = unpermute_qk(w, heads[part])

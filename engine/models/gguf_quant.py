@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ...kernels.quant import QuantizedWeight, pack_int4
-from .registry import UnsupportedModelError
+from .registry import Family, UnsupportedModelError
 
 if TYPE_CHECKING:
     from gguf import ReaderTensor
@@ -194,17 +194,19 @@ def check_types(path: Path) -> dict[str, int]:
 
 
 def iter_gguf_weights(
-    path: Path, num_heads: int, num_kv_heads: int, unpermute: bool
+    path: Path, num_heads: int, num_kv_heads: int, family: Family
 ) -> Iterator[tuple[str, QuantizedWeight | torch.Tensor]]:
     """`(Hugging Face name, weight)` of every tensor of a GGUF file, quantized ones as stored,
-    q/k rows in Hugging Face's order where the family's converter permuted them."""
+    q/k rows in Hugging Face's order where the family's converter permuted them, Gemma's norms
+    without the 1 llama.cpp added."""
     from gguf import GGUFReader
 
-    from .gguf import hf_tensor_name, unpermute_qk
+    from .gguf import gguf_norm_offset, hf_tensor_name, unpermute_qk
 
     heads = {"attn_q": num_heads, "attn_k": num_kv_heads}
+    unpermute = family.gguf_unpermute_qk
     for t in GGUFReader(path).tensors:
-        name = hf_tensor_name(t.name)
+        name = hf_tensor_name(t.name, family)
         if t.name == "rope_freqs.weight":
             continue  # in config.json's rope_scaling (`gguf.llama3_rope_from_freqs`)
         if name is None:
@@ -214,4 +216,7 @@ def iter_gguf_weights(
         if unpermute and part in heads:
             order = unpermute_qk(np.arange(w.shape[0]), heads[part])
             w = w.rows(torch.from_numpy(order)) if isinstance(w, QuantizedWeight) else w[order]
+        offset = gguf_norm_offset(family, t.name)
+        if offset:  # norms are stored as floats
+            w = w - offset
         yield name, w

@@ -217,7 +217,7 @@ def weight_stream(
 
         spec = model.spec
         yield from iter_gguf_weights(
-            source.gguf_file, spec.num_heads, spec.num_kv_heads, spec.family.gguf_unpermute_qk
+            source.gguf_file, spec.num_heads, spec.num_kv_heads, spec.family
         )
         return
     if plan.stored is not None:

@@ -66,6 +66,9 @@ class Family:
         gguf_arch: llama.cpp's `general.architecture` for the family; None: no GGUF conversion.
         gguf_unpermute_qk: llama.cpp's converter interleaved each head's rotary halves in the q/k
             rows (its Llama convention); conversion puts them back.
+        gguf_names: GGUF layer tensor names -> Hugging Face modules where the family's differ
+            from Llama's (Gemma's four norms). llama.cpp also writes Gemma's norms as 1 + weight,
+            which conversion takes back (`gemma`).
         fused: a fused projection of the model -> the checkpoint tensors it holds, in row order
             (itself alone: the checkpoint stores it fused, as Phi-3's do).
         unused_weights: name endings of checkpoint tensors the model computes itself.
@@ -87,6 +90,7 @@ class Family:
     gemma: bool = False
     gguf_arch: str | None = None
     gguf_unpermute_qk: bool = False
+    gguf_names: Mapping[str, str] = field(default_factory=dict)
     fused: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _LLAMA_FUSED)
     unused_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
@@ -247,6 +251,14 @@ _MISTRAL = Family(
     sliding_window_switch=None,
 )
 
+_GEMMA_GGUF_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }
+)
+
 # Gemma 2: local (sliding) and global layers in turn, Gemma's norms and soft-capping.
 _GEMMA2 = Family(
     model_type="gemma2",
@@ -278,6 +290,8 @@ _GEMMA2 = Family(
     global_every=2,
     activation_field="hidden_activation",
     gemma=True,
+    gguf_arch="gemma2",
+    gguf_names=_GEMMA_GGUF_NAMES,
 )
 
 # Gemma 3 (text): Gemma 2's layers with q/k norms, no soft-capping, five local layers to a global
@@ -308,6 +322,8 @@ _GEMMA3 = Family(
     local_rope_theta_field="rope_local_base_freq",
     activation_field="hidden_activation",
     gemma=True,
+    gguf_arch="gemma3",
+    gguf_names=_GEMMA_GGUF_NAMES,
 )
 
 # Phi-3: a Llama whose checkpoints store q/k/v and gate/up fused, in the engine's row order
