@@ -158,6 +158,19 @@ def test_a_quantized_gguf_runs_as_stored_like_its_dequantized_model(home: Path, 
     assert got[0][:4] == want[0][:4]
 
 
+def test_a_gemma3_gguf_runs_as_stored_like_its_dequantized_model(home: Path) -> None:
+    """Gemma's GGUF norms (1 + weight as llama.cpp writes them) on the quantized-as-stored path:
+    the same tokens as the dequantized conversion."""
+    path = _quantized_gguf(home / "tiny-gemma3.gguf", "Q8_0", arch="gemma3_text")
+    settings = dict(device="cpu", dtype="float32", num_gpu_blocks_override=64)
+    packed = LLM(str(path), quantization="checkpoint", **settings)
+    floats = LLM(str(path), quantization="none", **settings)
+    assert packed.quantization.method == "gguf"
+    got, want = _greedy(packed, PROMPTS), _greedy(floats, PROMPTS)
+    assert _agreement(got, want) >= 0.75, (got, want)
+    assert got[0][:4] == want[0][:4]
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_int8_and_int4_at_load_run_the_rounded_weights(tmp_path: Path, method: str) -> None:
     """Quantizing at load equals running a float model whose projections hold the rounded
