@@ -92,5 +92,12 @@ def test_mistral_runs_with_its_window_and_unknown_types_plan_as_a_llama() -> Non
     assert FAMILIES["qwen2"].layer_windows(CONFIG_MAPPING["qwen2"](**three)) == (None,) * 3
     assert planning_family("gemma") is FAMILIES["llama"]
     assert gguf_family("qwen3") is FAMILIES["qwen3"]
-    with pytest.raises(UnsupportedModelError, match="converts llama, qwen2, qwen3 "):
+    with pytest.raises(
+        UnsupportedModelError, match="converts llama, qwen2, qwen3, gemma2, gemma3 "
+    ):
         gguf_family("mistral")
+    # Gemma 3's config.json: five local layers to a global one (`sliding_window_pattern`)
+    gemma3 = ModelConfig({"model_type": "gemma3_text", **TINY, "num_hidden_layers": 7,
+                          "sliding_window": 8})  # fmt: skip
+    assert FAMILIES["gemma3_text"].layer_windows(gemma3) == (8,) * 5 + (None, 8)
+    assert gemma3.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0
