@@ -342,6 +342,30 @@ def test_cuda_matches_hf(name: str, dtype: torch.dtype, atol: float) -> None:
         run.check(hf, s, atol)
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["mistral-window8", "gemma2-window6-softcaps", "gemma3-window6-two-ropes", "phi3-fused-gqa"],
+)
+def test_bfloat16_on_the_cpu_errs_as_transformers_bfloat16_does(name: str) -> None:
+    """Each family's windows, norms and soft caps in bfloat16 (the CPU path, a chunked prefill):
+    our logits stray from transformers' float32 ones by at most 1.5x what transformers' own
+    bfloat16 model strays (Gemma's deep random stacks stray by ~0.2-0.9 either way)."""
+    import copy
+
+    hf, ours = make_pair(name, torch.bfloat16)
+    hf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    run = PagedRun(ours, block_size=16)
+    seqs = [run.add(p) for p in prompts()]
+    run.step({seqs[0]: 8, seqs[2]: 8})
+    run.step({s: len(run.tokens[s]) - run.done[s] for s in seqs})
+    ours_err = theirs_err = 0.0
+    for s in seqs:
+        ref = hf_logits(hf, run.tokens[s])
+        ours_err = max(ours_err, float((torch.stack(run.logits[s]) - ref).abs().max()))
+        theirs_err = max(theirs_err, float((hf_logits(hf16, run.tokens[s]) - ref).abs().max()))
+    assert 0 < ours_err <= 1.5 * theirs_err + 0.02, (ours_err, theirs_err)
+
+
 def test_the_profile_prefill_stays_within_the_models_positions() -> None:
     """The memory profile's prefill of more tokens than the model has positions (Llama-3-8B:
     8,192 against a 16K token budget) runs as several sequences, each within the RoPE table,
