@@ -269,7 +269,9 @@ def _write_weights(
         if name is None:
             raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart")
         w = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
-        w = w - np.float32(gguf_norm_offset(family, t.name)) if family.gemma else w
+        offset = gguf_norm_offset(family, t.name)
+        if offset:
+            w = w - np.float32(offset)
         part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if family.gguf_unpermute_qk and part in heads:
             w = unpermute_qk(w, heads[part])

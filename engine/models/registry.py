@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -296,34 +296,27 @@ _GEMMA2 = Family(
 
 # Gemma 3 (text): Gemma 2's layers with q/k norms, no soft-capping, five local layers to a global
 # one, and the local layers' own RoPE base (10K; the global layers' is 1M, maybe scaled).
-_GEMMA3 = Family(
+_GEMMA3 = replace(
+    _GEMMA2,
     model_type="gemma3_text",
     architectures=("Gemma3ForCausalLM",),
-    model_class=_LLAMA_DECODER,
     config_defaults=MappingProxyType(
         {
             **_GEMMA2.config_defaults,
             "vocab_size": 262208,
-            "intermediate_size": 9216,
-            "num_attention_heads": 8,
             "max_position_embeddings": 131072,
             "rope_theta": 1_000_000.0,
             "rope_local_base_freq": 10_000.0,
-            "sliding_window": 4096,
             "sliding_window_pattern": 6,
             "final_logit_softcapping": None,
             "attn_logit_softcapping": None,
         }
     ),
     qk_norm=True,
-    sliding_window_switch=None,
-    global_every=6,
+    global_every=None,  # from its config's sliding_window_pattern (default 6)
     global_every_field="sliding_window_pattern",
     local_rope_theta_field="rope_local_base_freq",
-    activation_field="hidden_activation",
-    gemma=True,
     gguf_arch="gemma3",
-    gguf_names=_GEMMA_GGUF_NAMES,
 )
 
 # Phi-3: a Llama whose checkpoints store q/k/v and gate/up fused, in the engine's row order
