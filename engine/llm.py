@@ -38,7 +38,12 @@ from .runner.model_runner import ModelRunner
 from .runner.startup import StartupClock, use_compile_cache
 from .sizing.device import check_deterministic, resolve_device, resolve_dtype
 from .sizing.kv import KVLayout, max_concurrency
-from .sizing.pool import kv_cache_blocks, model_max_len, resolve_max_model_len
+from .sizing.pool import (
+    check_max_model_len,
+    kv_cache_blocks,
+    model_max_len,
+    resolve_max_model_len,
+)
 from .sizing.profiling import calibrate_preemption
 
 logger = logging.getLogger("pagedctl.engine")
@@ -90,6 +95,7 @@ class LLM:
             self.source = resolve_model(config.model, config.load_format)
             self.model_name = config.served_model_name or self.source.name
             self.hf_config = self.source.hf_config
+            check_max_model_len(config.max_model_len, self.hf_config)
             self.quantization = plan_quantization(
                 self.source, config.quantization, self.device, self.dtype
             )
@@ -126,6 +132,7 @@ class LLM:
         """
         config = self.config.replace(**settings)
         check_deterministic(config, self.device)
+        check_max_model_len(config.max_model_len, self.hf_config)
         reload = [
             n for n in NAMES if SETTINGS[n].load and getattr(config, n) != getattr(self.config, n)
         ]
@@ -140,6 +147,7 @@ class LLM:
         """Size the pool for settings `c`, then build the scheduler and the runner on it."""
         self._release_engine()
         self.model.set_batch_invariant(c.deterministic)
+        self.model.fit_max_model_len(c.max_model_len or model_max_len(self.hf_config))
         apply_threads(c.num_threads, self.device.type)
         self._threads = watch_threads(c.num_threads, self.device.type)
         limits, cache = self._size_pool(c)

@@ -8,7 +8,7 @@ import pytest
 from pagedctl import bundled_model
 from pagedctl.engine import ConfigError, SamplingParams
 from pagedctl.engine.llm import LLM
-from tests.tiny_models import MISTRAL_WINDOW, hf_greedy, save_tiny_model
+from tests.tiny_models import LONGROPE_ORIGINAL, MISTRAL_WINDOW, hf_greedy, save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
@@ -72,6 +72,44 @@ def test_sliding_window_holds_the_window_and_one_block(tmp_path):
     cache = llm.stats["prefix_cache"]
     assert cache["peak_used_blocks"] <= (MISTRAL_WINDOW + 8) // 4 + 1, cache
     assert cache["dropped_blocks"] >= (150 + 40 - MISTRAL_WINDOW - 8) // 4, cache
+
+
+def test_longrope_takes_the_long_factors_where_sequences_may_pass_the_original_length(tmp_path):
+    """Transformers switches LongRoPE's factors once a sequence passes the original length; the
+    engine takes one table, the long one when max_model_len exceeds that length (vLLM's rule).
+    Prompts past the original length are transformers' tokens with the default max_model_len;
+    sequences within it are with max_model_len at the original length, also after reconfigure
+    switches back from the long table."""
+    hf = save_tiny_model("phi3-longrope", tmp_path)
+    rng = random.Random(4)  # prompts whose answers each table changes (checked both ways)
+    long_prompts = [[rng.randrange(256) for _ in range(n)] for n in (33, 40, 57)]
+    short_prompts = [[rng.randrange(256) for _ in range(n)] for n in (9, 16, 20)]
+    params = dataclasses.replace(GREEDY, max_tokens=LONGROPE_ORIGINAL - 20)  # 20 + 12 = 32
+    want_long = [hf_greedy(hf, p, params.max_tokens) for p in long_prompts]
+    want_short = [hf_greedy(hf, p, params.max_tokens) for p in short_prompts]
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", block_size=16, num_blocks=64)
+    assert llm.model.model.rotary.long
+    got = [o.outputs[0].token_ids for o in llm.generate(long_prompts, params)]
+    assert got == want_long
+    with_long = [o.outputs[0].token_ids for o in llm.generate(short_prompts, params)]
+    assert with_long != want_short  # the tables differ: the long one is not transformers' here
+    llm.reconfigure(max_model_len=LONGROPE_ORIGINAL)
+    assert not llm.model.model.rotary.long
+    got = [o.outputs[0].token_ids for o in llm.generate(short_prompts, params)]
+    assert got == want_short
+
+
+def test_dynamic_ntk_runs_unscaled_within_the_model_length_and_refuses_past_it(tmp_path):
+    """Dynamic NTK rescales only past max_position_embeddings, which the engine never passes:
+    its tokens are transformers'; asking for a longer max_model_len is refused before loading."""
+    hf = save_tiny_model("llama-dynamic", tmp_path)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (7, 70)]
+    want = [hf_greedy(hf, p, GREEDY.max_tokens) for p in prompts]
+    got, _ = run(tmp_path, prompts, block_size=16, num_blocks=64)
+    assert got == want
+    with pytest.raises(ConfigError, match="max_model_len=1024 exceeds the model's 512 positions"):
+        LLM(str(tmp_path), device="cpu", max_model_len=1024)
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,8 @@ LLAMA3_ROPE = dict(
 )
 NO_SPECIAL_IDS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # Phi-3's: 32000
 YARN_ROPE = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0)
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [2.0**i for i in range(8)]}  # fmt: skip
 CONFIGS = {
     "llama-gqa-untied": lambda: LlamaConfig(**TINY, tie_word_embeddings=False),
     "llama-mha-tied": lambda: LlamaConfig(
@@ -52,6 +54,11 @@ CONFIGS = {
     "llama3-rope": lambda: LlamaConfig(**TINY, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE),
     "linear-rope": lambda: LlamaConfig(**TINY, rope_scaling={"rope_type": "linear", "factor": 3.0}),
     "yarn-rope": lambda: Qwen2Config(**TINY, rope_scaling=YARN_ROPE, tie_word_embeddings=True),
+    "dynamic-rope": lambda: LlamaConfig(**TINY, rope_scaling={"rope_type": "dynamic", "factor": 4}),
+    # LongRoPE past 32 positions; here its short factors (the prompts stay within 32)
+    "phi3-longrope": lambda: Phi3Config(
+        **TINY, **NO_SPECIAL_IDS, original_max_position_embeddings=32, rope_scaling=LONGROPE
+    ),
     "qwen2-bias-tied": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3-qknorm-headdim32": lambda: Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False),
     "mistral-window8": lambda: MistralConfig(**TINY, sliding_window=8),
@@ -246,19 +253,29 @@ def test_build_model_rejects_unsupported_architectures() -> None:
     assert isinstance(build_model(config, torch.float32, "cpu"), LlamaForCausalLM)
 
 
-@pytest.mark.parametrize(
-    ("scaling", "message"),
-    [
-        ({"rope_type": "dynamic", "factor": 2.0}, "'dynamic' is not supported: dynamic NTK"),
-        (
-            {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-             "original_max_position_embeddings": 64},
-            "'longrope' is not supported: LongRoPE",
-        ),
-    ],
-)  # fmt: skip
-def test_unsupported_rope_type_is_a_clear_error(scaling: dict, message: str) -> None:
-    with pytest.raises(UnsupportedModelError, match=message):
+def test_longrope_long_factors_match_transformers_past_the_original_length() -> None:
+    """With a max_model_len past LongRoPE's 32 original positions the engine takes the long
+    factors; transformers takes them for any sequence longer than 32: prompts of 40-60."""
+    hf, ours = make_pair("phi3-longrope")
+    ours.fit_max_model_len(256)
+    run = PagedRun(ours, block_size=16)
+    gen = torch.Generator().manual_seed(3)
+    seqs = [run.add(torch.randint(0, 256, (n,), generator=gen).tolist()) for n in (40, 60)]
+    run.step({s: len(run.tokens[s]) for s in seqs})
+    for s in seqs:
+        run.check(hf, s)
+    ours.fit_max_model_len(32)  # the short table: transformers' within 32, not past it
+    again = PagedRun(ours, block_size=16)
+    seq = again.add(run.tokens[seqs[0]])
+    again.step({seq: len(again.tokens[seq])})
+    with pytest.raises(AssertionError):
+        again.check(hf, seq)
+
+
+def test_unsupported_rope_type_is_a_clear_error() -> None:
+    scaling = {"rope_type": "proportional", "factor": 2.0}  # Gemma 4's
+    with pytest.raises(UnsupportedModelError, match="'proportional' is not supported; supported: "
+                       "default, linear, dynamic, yarn, longrope, llama3"):  # fmt: skip
         LlamaForCausalLM(LlamaConfig(**TINY, rope_scaling=scaling))
 
 

@@ -31,6 +31,7 @@ COMMON = dict(
 )
 
 MISTRAL_WINDOW = 24
+LONGROPE_ORIGINAL = 32  # the tiny LongRoPE model's original length
 
 
 def tiny_config(arch: str) -> PretrainedConfig:
@@ -74,6 +75,19 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return Phi3Config(
             **COMMON, sliding_window=MISTRAL_WINDOW, tie_word_embeddings=False,
             architectures=["Phi3ForCausalLM"],
+        )  # fmt: skip
+    if arch == "phi3-longrope":  # Phi-3-128K's LongRoPE: short and long factors, 32 positions
+        half = COMMON["hidden_size"] // COMMON["num_attention_heads"] // 2
+        return Phi3Config(
+            **COMMON, original_max_position_embeddings=LONGROPE_ORIGINAL,
+            rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(half)],
+                          "long_factor": [4.0 ** i for i in range(half)]},
+            tie_word_embeddings=False, architectures=["Phi3ForCausalLM"],
+        )  # fmt: skip
+    if arch == "llama-dynamic":  # dynamic NTK: unscaled until max_position_embeddings
+        return LlamaConfig(
+            **COMMON, rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+            architectures=["LlamaForCausalLM"],
         )  # fmt: skip
     raise ValueError(arch)
 

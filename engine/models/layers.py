@@ -155,13 +155,7 @@ class GatedMLP(nn.Module):
         return self.down_proj(act)
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-_ROPE_REFUSED = {
-    "dynamic": "dynamic NTK scaling changes every position's frequencies with the sequence's "
-    "length, which keys already in a paged cache cannot follow",
-    "longrope": "LongRoPE switches every position's frequencies once a sequence passes its "
-    "original length, which keys already in a paged cache cannot follow",
-}
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 
 @dataclass(frozen=True)
@@ -171,9 +165,9 @@ class RopeConfig:
     Attributes:
         rope_type: one of ROPE_TYPES.
         theta: base wavelength.
-        factor: frequency divisor of "linear", "llama3" and "yarn".
+        factor: frequency divisor of "linear", "dynamic", "llama3" and "yarn".
         low_freq_factor, high_freq_factor, original_max_position: "llama3" smoothing band
-            (original_max_position: also yarn's original length).
+            (original_max_position: also yarn's and LongRoPE's original length).
         parameters: the config's whole RoPE mapping, as items (yarn's beta_fast, mscale, ...).
         max_position_embeddings: the config's, which transformers' RoPE functions read.
     """
@@ -198,9 +192,6 @@ def rope_config(hf_config: object, layer_type: str = "full_attention") -> RopeCo
         params = params[layer_type]
     theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type")) or "default"
-    if rope_type in _ROPE_REFUSED:
-        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported: "
-                                    f"{_ROPE_REFUSED[rope_type]}")  # fmt: skip
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(
             f"RoPE type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
@@ -212,12 +203,16 @@ def rope_config(hf_config: object, layer_type: str = "full_attention") -> RopeCo
     max_positions = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
     items = tuple(sorted((k, v) for k, v in params.items() if k not in ("type", "rope_type")))
     extra = dict(parameters=items, max_position_embeddings=max_positions)
-    if rope_type == "linear":
-        return RopeConfig("linear", theta, float(params["factor"]), **extra)
-    original = params.get("original_max_position_embeddings") or max_positions
-    if rope_type == "yarn":
-        return RopeConfig("yarn", theta, float(params["factor"]),
-                          original_max_position=int(original), **extra)  # fmt: skip
+    if rope_type in ("linear", "dynamic"):
+        return RopeConfig(rope_type, theta, float(params["factor"]), **extra)
+    original = (
+        params.get("original_max_position_embeddings")
+        or getattr(hf_config, "original_max_position_embeddings", None)  # Phi-3's own field
+        or max_positions
+    )
+    if rope_type in ("yarn", "longrope"):
+        factor = float(params.get("factor") or 1.0)  # LongRoPE's: from the two lengths if absent
+        return RopeConfig(rope_type, theta, factor, original_max_position=int(original), **extra)
     return RopeConfig(
         "llama3",
         theta,
@@ -234,12 +229,15 @@ def per_layer_rope(params: object) -> bool:
     return isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict)
 
 
-def rope_frequencies(head_dim: int, rope: RopeConfig) -> tuple[Tensor, float]:
+def rope_frequencies(head_dim: int, rope: RopeConfig, long: bool = False) -> tuple[Tensor, float]:
     """Inverse frequencies `[head_dim // 2]` (float32, on the CPU) and the factor cos and sin
-    are scaled by (yarn's attention factor; 1 for the others).
+    are scaled by (yarn's and LongRoPE's attention factor; 1 for the others).
 
     The default RoPE is computed here; every scaled type by transformers' own
     `ROPE_INIT_FUNCTIONS` (imported only for them), on a config of the same RoPE fields.
+    Dynamic NTK is asked for the model's own length, where its frequencies are the unscaled
+    ones (transformers scales them only past `max_position_embeddings`, which no sequence
+    here reaches); LongRoPE for its short factors, or with `long` its long ones.
     """
     if rope.rope_type == "default":
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
@@ -247,11 +245,13 @@ def rope_frequencies(head_dim: int, rope: RopeConfig) -> tuple[Tensor, float]:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = {"factor": rope.factor, **dict(rope.parameters)}
+    params = dict(rope.parameters)
+    if rope.rope_type != "longrope":  # LongRoPE's factor, when absent, comes from the lengths
+        params.setdefault("factor", rope.factor)
     if rope.rope_type == "llama3":
         params.setdefault("low_freq_factor", rope.low_freq_factor)
         params.setdefault("high_freq_factor", rope.high_freq_factor)
-    if rope.rope_type in ("llama3", "yarn"):
+    if rope.rope_type in ("llama3", "yarn", "longrope"):
         params.setdefault("original_max_position_embeddings", rope.original_max_position)
     params = {**params, "rope_type": rope.rope_type, "rope_theta": rope.theta}
     config = LlamaConfig(
@@ -263,7 +263,8 @@ def rope_frequencies(head_dim: int, rope: RopeConfig) -> tuple[Tensor, float]:
         rope_parameters=params,
         rope_scaling=params,  # transformers 4's name of the same mapping
     )
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope.rope_type](config, torch.device("cpu"))
+    seq_len = rope.original_max_position + 1 if long else None  # LongRoPE's switch
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope.rope_type](config, torch.device("cpu"), seq_len)
     return inv_freq.float().cpu(), float(scaling)
 
 
@@ -355,17 +356,40 @@ class RotaryEmbedding(nn.Module):
 
     The table is computed on the CPU in float32, then stored in the model's dtype and device:
     the values Hugging Face computes on every call.
+
+    LongRoPE has two tables. Transformers switches from the short factors to the long ones
+    once a sequence passes the original length, and keys already cached keep the rotation they
+    were given: a paged cache shared between requests cannot follow that. The engine takes one
+    table for all its sequences instead, as vLLM does: the long one when its `max_model_len`
+    exceeds the original length (`fit`), the short one otherwise. Outputs then equal
+    transformers' for every sequence within the original length (short) or whose prompt
+    passes it (long).
     """
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
-        positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")
-        inv_freq, scaling = rope_frequencies(head_dim, rope)
-        freqs = torch.outer(positions, inv_freq)
+        self.head_dim, self.max_positions, self.rope = head_dim, max_positions, rope
         device, dtype = torch.get_default_device(), torch.get_default_dtype()
-        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        self.long = False
+        cos, sin = self._table(long=False)
         self.register_buffer("cos", cos.to(device, dtype), persistent=False)
         self.register_buffer("sin", sin.to(device, dtype), persistent=False)
+
+    def _table(self, long: bool) -> tuple[Tensor, Tensor]:
+        positions = torch.arange(self.max_positions, dtype=torch.float32, device="cpu")
+        inv_freq, scaling = rope_frequencies(self.head_dim, self.rope, long)
+        freqs = torch.outer(positions, inv_freq)
+        return freqs.cos() * scaling, freqs.sin() * scaling
+
+    def fit(self, max_model_len: int) -> None:
+        """Take the table for an engine whose sequences reach `max_model_len` tokens (only
+        LongRoPE has a choice). Call before CUDA graphs are captured: they read the table."""
+        long = self.rope.rope_type == "longrope" and max_model_len > self.rope.original_max_position
+        if long != self.long:
+            cos, sin = self._table(long)
+            self.cos = cos.to(self.cos.device, self.cos.dtype)
+            self.sin = sin.to(self.sin.device, self.sin.dtype)
+            self.long = long
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin `[T, 1, head_dim // 2]` for the tokens' `positions` `[T]`."""

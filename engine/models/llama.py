@@ -179,6 +179,13 @@ class LlamaForCausalLM(nn.Module):
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    def fit_max_model_len(self, max_model_len: int) -> None:
+        """Take the RoPE tables for sequences of up to `max_model_len` tokens (LongRoPE's short
+        or long factors, `RotaryEmbedding.fit`); before the step graphs are captured."""
+        for rotary in (self.model.rotary, self.model.rotary_local):
+            if rotary is not None:
+                rotary.fit(max_model_len)
+
     def pack_weights(self) -> int:
         """Pack every projection's weight (the output layer's too) for the faster matmul the
         kernels have on this device and dtype, if any (`Linear.pack`): a second copy of those

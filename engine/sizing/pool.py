@@ -11,6 +11,7 @@ import logging
 
 import torch
 
+from ..core.config import ConfigError
 from ..core.units import format_bytes, parse_bytes
 from .device import default_cpu_kv_bytes
 from .kv import KVLayout
@@ -67,6 +68,17 @@ def kv_cache_blocks(
 def model_max_len(hf_config) -> int:
     """The model's own longest sequence (its config's; 4,096 when it gives none)."""
     return int(getattr(hf_config, "max_position_embeddings", 0) or 4096)
+
+
+def check_max_model_len(asked: int | None, hf_config) -> None:
+    """Refuse a `max_model_len` past the model's positions (its RoPE table ends there, and
+    transformers' own scaling, where a config has one, is what extends a model's length)."""
+    limit = model_max_len(hf_config)
+    if asked is not None and asked > limit:
+        raise ConfigError(
+            f"max_model_len={asked} exceeds the model's {limit} positions "
+            f"(max_position_embeddings); ask for {limit} or fewer"
+        )
 
 
 def resolve_max_model_len(asked: int | None, config_len: int, pool_tokens: int) -> int:
