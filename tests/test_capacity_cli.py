@@ -323,3 +323,12 @@ def test_a_sliding_window_caps_what_a_long_sequence_holds(tmp_path: Path) -> Non
     ring = pool["kv_budget_bytes"] // (4096 * per_seq // 16)
     assert rows["window"][16384]["contiguous_same_budget"] == ring
     assert rows["full"][16384]["contiguous_same_budget"] == ring // 4
+
+
+def test_max_len_past_the_model_positions_is_refused(tmp_path: Path) -> None:
+    """Phi-3-mini has 4,096 positions: planning for 8,192-token sequences is a bad flag."""
+    args = ["--model", "phi-3-mini", "--gpu", "t4", "--max-len", "8192", "--no-sim"]
+    code, out = invoke(*args, "--out", tmp_path)
+    assert code == 64, out  # a bad flag's exit code
+    assert "--max-len 8192 exceeds the model's 4096 positions" in " ".join(out.split())
+    assert not list(tmp_path.iterdir())  # refused before anything was written

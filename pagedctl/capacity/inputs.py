@@ -79,6 +79,11 @@ def plan_inputs(s: dict, fp: ModelFootprint, dtype: str, nbytes: int) -> plan.Pl
     max_len = int(s.get("max_len") or fp.max_positions)
     if max_len < 1:
         raise typer.BadParameter(f"--max-len must be positive, got {max_len}")
+    if max_len > fp.max_positions:  # the engine refuses such a max_model_len too
+        raise typer.BadParameter(
+            f"--max-len {max_len} exceeds the model's {fp.max_positions} positions "
+            "(max_position_embeddings)"
+        )
     return plan.PlanInputs(
         footprint=fp,
         dtype=dtype,
