@@ -428,7 +428,8 @@ def test_a_named_recipe_writes_where_the_command_runs(tmp_path):
 
 @pytest.mark.slow
 def test_the_time_limit_stops_writes_the_summary_and_the_next_run_resumes(tmp_path):
-    src = write_jsonl(tmp_path / "in.jsonl", token_rows("r", 300, max_tokens=60))
+    # 90,000 tokens: some 17 s at the tiny model's fastest seen (5,300 tok/s), past the limit
+    src = write_jsonl(tmp_path / "in.jsonl", token_rows("r", 300, max_tokens=300))
     summary = tmp_path / "s.json"
     res = gen(src, *TINY, "--time-limit", "6s", "--summary-json", summary)
     assert res.returncode == EXIT_TEMPFAIL, res.stderr
