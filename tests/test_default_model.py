@@ -555,7 +555,7 @@ def test_a_llama3_gguf_with_rope_freqs_runs_as_its_hugging_face_folder(
 ) -> None:
     """A Llama 3 GGUF's `rope_freqs` become the `rope_scaling` of the converted folder, and
     the engine's greedy tokens equal transformers' on that folder."""
-    from pagedctl.engine.models.layers import RopeConfig, rope_config
+    from pagedctl.engine.models.rope import RopeConfig, rope_config
 
     scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192)  # fmt: skip

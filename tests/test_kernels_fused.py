@@ -18,13 +18,8 @@ from torch import Tensor, nn
 triton = pytest.importorskip("triton")
 
 from pagedctl import kernels  # noqa: E402
-from pagedctl.engine.models.layers import (  # noqa: E402
-    GatedMLP,
-    RMSNorm,
-    RopeConfig,
-    RotaryEmbedding,
-    apply_rotary,
-)
+from pagedctl.engine.models.layers import GatedMLP, RMSNorm  # noqa: E402
+from pagedctl.engine.models.rope import RopeConfig, RotaryEmbedding, apply_rotary  # noqa: E402
 from pagedctl.kernels import reference  # noqa: E402
 from pagedctl.kernels import triton_fused as tf  # noqa: E402
 from tests.test_kernels_triton import _compile, run_interpreter_suite  # noqa: E402

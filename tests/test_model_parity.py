@@ -21,9 +21,9 @@ from transformers import (
 )
 
 from pagedctl.engine.models.attention import AttentionMetadata
-from pagedctl.engine.models.layers import RopeConfig, rope_config
 from pagedctl.engine.models.llama import LlamaForCausalLM, WeightLoadError
 from pagedctl.engine.models.registry import UnsupportedModelError, build_model
+from pagedctl.engine.models.rope import RopeConfig, rope_config
 from pagedctl.kernels import PagedBatch
 
 TINY = dict(

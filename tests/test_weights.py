@@ -21,8 +21,9 @@ from transformers import (
 )
 
 from pagedctl.engine.models.config import ModelConfig
-from pagedctl.engine.models.layers import RopeConfig, model_spec
+from pagedctl.engine.models.layers import model_spec
 from pagedctl.engine.models.registry import UnsupportedModelError, expected_weight_shapes
+from pagedctl.engine.models.rope import RopeConfig
 from pagedctl.engine.models.source import resolve_model
 from pagedctl.engine.models.weights import (
     ModelNotFoundError,

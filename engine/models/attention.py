@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from ...kernels import PagedBatch, paged_attention, rotary_write_kv
-from .layers import RotaryEmbedding
+from .rope import RotaryEmbedding
 
 KVCache = tuple[Tensor, Tensor]  # one layer's K and V, each [num_blocks, block_size, Hkv, D]
 

@@ -24,10 +24,10 @@ from .layers import (
     Linear,
     ModelSpec,
     RMSNorm,
-    RotaryEmbedding,
     model_spec,
 )
 from .registry import expected_weight_shapes
+from .rope import RotaryEmbedding
 
 
 class WeightLoadError(ValueError):
