@@ -3,8 +3,11 @@ results/quant-kernels-h100` (writes OUT.json and OUT.md).
 
 For each format (4 bits in groups of 128 with offsets, 8 bits in groups of 128, 8 bits per
 channel), each linear layer of Qwen2.5-0.5B and Llama-3-8B (fused qkv, o, fused gate/up, down)
-and batches of 1, 16 and 256 rows: the Triton kernel (`kernels.triton_quant`, float16 `x`; for
-4 bits also bfloat16), torch's float16 `F.linear` on a float weight of the same shape,
+and batches of 1, 16, 256 and 1024 rows: the Triton kernel dequantizing in registers
+(`kernels.triton_quant`, float16 `x`; for 4 bits also bfloat16), the weight dequantized by
+`kernels.triton_dequant` and then float16 `F.linear` (what `linear` ships for calls of at least
+`DEQUANT_ROWS` rows: the plan column's `dq`), torch's float16 `F.linear` on a float weight of the
+same shape,
 and torch's own weight-only ops where this build has them for the format and the device:
 `torch._weight_int4pack_mm` (4 bits, bfloat16, sm_80+; the weight converted by
 `torch._convert_weight_to_int4pack`) and `torch._weight_int8pack_mm` (8 bits per channel). Each
@@ -33,7 +36,7 @@ import torch.nn.functional as F
 
 import pagedctl  # noqa: F401  (first: the checkout's kernels/ must not shadow Hugging Face's)
 from pagedctl.envinfo import environment
-from pagedctl.kernels import quant
+from pagedctl.kernels import quant, triton_dequant
 from pagedctl.kernels import triton_quant as tq
 from pagedctl.kernels.configs import MatmulConfig
 
@@ -47,7 +50,7 @@ MODELS = {  # (out_features, in_features) of each linear layer
         "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
     },
 }  # fmt: skip
-BATCHES = (1, 16, 256)
+BATCHES = (1, 16, 256, 1024)
 COLD_BYTES = 256 * 2**20  # a timed stack reads at least this much (H100/H200 L2: 50/60 MB)
 MAX_COPIES = 256
 SMOKE_SHAPE = (96, 256)
@@ -90,8 +93,8 @@ def int4pack(weight: quant.QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]
 
 
 DTYPES = {  # the dtype of `x` each method runs
-    "triton": torch.float16, "triton_bf16": torch.bfloat16, "fp16_linear": torch.float16,
-    "torch_int4": torch.bfloat16, "torch_int8": torch.float16,
+    "triton": torch.float16, "triton_bf16": torch.bfloat16, "dequant": torch.float16,
+    "fp16_linear": torch.float16, "torch_int4": torch.bfloat16, "torch_int8": torch.float16,
 }  # fmt: skip
 
 
@@ -100,7 +103,7 @@ def methods(fmt: str, device: str) -> dict[str, str | None]:
     does not."""
     bits, group, _ = FORMATS[fmt]
     bf16 = device == "cuda" and torch.cuda.get_device_capability() >= (8, 0)
-    out: dict[str, str | None] = {"triton": None, "fp16_linear": None}
+    out: dict[str, str | None] = {"triton": None, "dequant": None, "fp16_linear": None}
     if bits == 4:  # tinygemm runs bfloat16: the kernel too, beside it
         out["triton_bf16"] = None if bf16 else "bfloat16: CUDA sm_80+ only"
         out["torch_int4"] = None if bf16 else "torch._weight_int4pack_mm: CUDA sm_80+ only"
@@ -112,9 +115,12 @@ def methods(fmt: str, device: str) -> dict[str, str | None]:
 
 def build(name: str, qw: quant.QuantizedWeight):
     """The call of `x` that method `name` makes with (a copy of) `qw` in its own layout."""
-    if name in ("triton", "triton_bf16"):
+    if name in ("triton", "triton_bf16"):  # the in-register kernel at any row count
         prepared = tq.prepare(qw)
-        return lambda x: tq.linear(x, prepared)
+        return lambda x: tq.linear(x, prepared, config=in_register(x.shape[0], prepared))
+    if name == "dequant":  # what `tq.linear` ships from DEQUANT_ROWS rows: dequantize + cuBLAS
+        prepared = tq.prepare(qw)
+        return lambda x: F.linear(x, triton_dequant.dequantize(prepared, x.dtype))
     if name == "fp16_linear":
         dense = quant.dequantize(qw, torch.float16)
         return lambda x: F.linear(x, dense)
@@ -123,6 +129,14 @@ def build(name: str, qw: quant.QuantizedWeight):
         return lambda x: torch._weight_int4pack_mm(x, packed, qw.group_size, pairs)
     scales = qw.scales[:, 0].contiguous()  # torch_int8: one scale a row
     return lambda x: torch._weight_int8pack_mm(x, qw.qdata, scales.to(x.dtype))
+
+
+def in_register(rows: int, prepared: tq.TritonQuantWeight) -> MatmulConfig:
+    """The config `tq.plan` gives a call of `rows` rows on this device (passing it keeps the
+    in-register kernel where the shipped `linear` would dequantize)."""
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if capability else 8
+    return tq.plan(rows, prepared, capability, sms).config
 
 
 def checked(name: str, qw: quant.QuantizedWeight, rows: int) -> str | None:
@@ -174,6 +188,7 @@ def case(model: str, layer: str, fmt: str, rows: int, bandwidth: float) -> dict:
     cfg, block_k, split, _ = tq.plan(rows, tq.prepare(qw), capability, sms)
     row["plan"] = {"block_m": cfg.block_m, "block_n": cfg.block_n, "block_k": block_k}
     row["plan"].update(split_k=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    row["plan"]["dequantizes"] = tq.dequantizes(rows, torch.device("cuda"), capability, False)
     for name, why_not in methods(fmt, "cuda").items():
         problem = why_not or checked(name, qw, rows)
         if problem:
@@ -228,13 +243,15 @@ def markdown(env: dict, rows: list[dict], sweeps: list[dict]) -> str:
         f"{env['triton']}, copy bandwidth {env.get('copy_bandwidth_GBps', 0):.0f} GB/s, an empty "
         f"graph node {env.get('empty_node_us', 0):.1f} us. Times in us per call as one node of a "
         "CUDA graph of calls on distinct weights (cold L2); floor = bytes the quantized call "
-        "reads / copy bandwidth. `triton` runs float16 x, `triton bf16` bfloat16 x, `torch int4` "
+        "reads / copy bandwidth. `triton` runs float16 x in registers, `triton bf16` bfloat16 x, "
+        "`dequant` dequantizes then runs float16 `F.linear` (`dq` in the plan: what ships), "
+        "`torch int4` "
         "tinygemm (bfloat16), `torch int8` `_weight_int8pack_mm` (float16).",
         "",
         "| model | layer | out x in | format | rows | plan (n, k, split) | floor | triton "
-        "| / floor | triton bf16 | fp16 F.linear | F.linear / triton | torch int4 | torch int8 "
-        "| torch op / triton |",
-        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| / floor | triton bf16 | dequant | dequant / triton | fp16 F.linear | F.linear / triton "
+        "| torch int4 | torch int8 | torch op / triton |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         p = r["plan"]
@@ -243,9 +260,11 @@ def markdown(env: dict, rows: list[dict], sweeps: list[dict]) -> str:
         mine = r.get("triton_bf16_us") if "torch_int4_us" in r else r.get("triton_us")
         lines.append(
             f"| {r['model']} | {r['layer']} | {r['shape'][0]}x{r['shape'][1]} | {r['format']} "
-            f"| {r['rows']} | {p['block_n']}, {p['block_k']}, {p['split_k']} "
+            f"| {r['rows']} | {p['block_n']}, {p['block_k']}, {p['split_k']}"
+            f"{', dq' if p.get('dequantizes') else ''} "
             f"| {r['floor_us']:.1f} | {us_cell(r, 'triton')} "
             f"| {ratio(r.get('triton_us'), r['floor_us'])} | {us_cell(r, 'triton_bf16')} "
+            f"| {us_cell(r, 'dequant')} | {ratio(r.get('dequant_us'), r.get('triton_us'))} "
             f"| {us_cell(r, 'fp16_linear')} | {ratio(r.get('fp16_linear_us'), r.get('triton_us'))} "
             f"| {us_cell(r, 'torch_int4')} | {us_cell(r, 'torch_int8')} "
             f"| {ratio(op, mine)} |"
@@ -296,7 +315,7 @@ def main() -> None:
         "--batches",
         type=lambda s: [int(b) for b in s.split(",")],
         default=BATCHES,
-        help="rows of x, comma-separated (default: 1,16,256)",
+        help="rows of x, comma-separated (default: 1,16,256,1024)",
     )
     p.add_argument("--sweep", action="store_true", help="also sweep the decode tiles and splits")
     p.add_argument("--smoke", action="store_true", help="a tiny layer through every path, untimed")

@@ -39,10 +39,12 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import triton_dequant
 from .configs import MatmulConfig, family, matmul_block_n
 from .quant import QuantizedWeight
 from .triton_attention import _device_info
@@ -203,6 +205,19 @@ def plan(
     return Plan(cfg, block_k, triton.cdiv(steps, per_split), per_split)  # no split left empty
 
 
+def dequantizes(
+    rows: int, device: torch.device, capability: tuple[int, int] | None, batch_invariant: bool
+) -> bool:
+    """Whether a call of `rows` rows dequantizes the weight and runs cuBLAS
+    (`kernels.triton_dequant`): a CUDA device, at least its family's `DEQUANT_ROWS`, not
+    batch-invariant, not inside a CUDA graph capture."""
+    if capability is None or batch_invariant:
+        return False
+    if rows < triton_dequant.DEQUANT_ROWS[family(capability)]:
+        return False
+    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+
+
 def _block_k(widest: int, in_features: int, group: int) -> int:
     """Input features a reduction step takes: at most `widest`, no more than the power of 2 at
     or above `in_features`; for groups of no power of 2, a power of 2 that divides the group
@@ -224,9 +239,11 @@ def linear(
     """`x @ dequantize(weight).T (+ bias)` of `x [M, in]` (float16, bfloat16 or float32; any
     strides) in `x`'s dtype, accumulated in float32; contract of `kernels.quant.reference_linear`.
 
+    On a GPU, a call of at least its family's `triton_dequant.DEQUANT_ROWS` rows (a prefill
+    chunk) dequantizes the weight once and runs cuBLAS (`dequantizes`).
     `batch_invariant`: each row's bits depend on that row alone (one config per weight, no
-    split-K). `config` and `split_k` override the shipped choice (tests, tuning); `split_k` is
-    clamped so that no split is empty.
+    split-K, never dequantized). `config` and `split_k` override the shipped choice (tests,
+    tuning) and keep the in-register kernel; `split_k` is clamped so that no split is empty.
     """
     out_features, in_features = weight.shape
     if x.dim() != 2 or x.shape[1] != in_features:
@@ -241,6 +258,12 @@ def linear(
     if x.stride(1) != 1:
         x = x.contiguous()
     rows = x.shape[0]
+    if (
+        config is None
+        and split_k is None
+        and dequantizes(rows, x.device, capability, batch_invariant)
+    ):
+        return F.linear(x, triton_dequant.dequantize(weight, x.dtype), bias)
     out = torch.empty((rows, out_features), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out

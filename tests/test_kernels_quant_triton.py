@@ -234,6 +234,56 @@ def test_interp_strided_inputs_and_empty_calls() -> None:
     assert tq.linear(wide[:0, :128], prepared).shape == (0, 96)
 
 
+@interp
+@pytest.mark.parametrize(("bits", "group", "in_features", "offsets"), CASES[::2] + CASES[-1:])
+def test_interp_dequantize_gives_the_reference_weight(
+    bits: int, group: int, in_features: int, offsets: bool
+) -> None:
+    """`triton_dequant.dequantize` writes `quant.dequantize`'s weight bit for bit in float16 and
+    float32 (ragged rows and features, groups spanning its tiles and inside them); in bfloat16
+    within one unit of the last place (the interpreter casts float32 to bfloat16 by truncation,
+    a GPU rounds to nearest)."""
+    from pagedctl.kernels import triton_dequant
+
+    i = CASES.index((bits, group, in_features, offsets))
+    qw = make_weight(bits, group or in_features, (70, in_features), offsets, SCALE_DTYPES[i % 3])
+    prepared = tq.prepare(qw)
+    for dtype in DTYPES:
+        got, want = triton_dequant.dequantize(prepared, dtype), quant.dequantize(qw, dtype)
+        assert got.dtype == dtype
+        if dtype == torch.bfloat16:
+            units = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+            assert int(units.max()) <= 1 and torch.equal(got.sign(), want.sign())
+        else:
+            assert torch.equal(got, want), dtype
+
+
+@interp
+def test_interp_many_rows_on_a_gpu_dequantize_and_run_the_float_matmul(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the device is a GPU of a family (the capability patched in), a call of at least
+    its `DEQUANT_ROWS` rows dequantizes the weight once and runs `F.linear`, matching the
+    reference; fewer rows, `batch_invariant` or a forced config keep the in-register kernel."""
+    from pagedctl.kernels import triton_dequant
+
+    monkeypatch.setattr(tq, "_device_info", lambda _: ((9, 0), 132))
+    calls = []
+    real = triton_dequant.dequantize
+    monkeypatch.setattr(triton_dequant, "dequantize", lambda *a: calls.append(a) or real(*a))
+    qw = make_weight(4, 32, (96, 128), offsets=True, seed=13)
+    prepared = tq.prepare(qw)
+    least = triton_dequant.DEQUANT_ROWS["sm90"]
+    x = make_x(least, 128, torch.float32, seed=14)
+    bias = make_x(1, 96, torch.float32, seed=15)[0]
+    check(x, qw, bias, prepared=prepared)
+    assert len(calls) == 1
+    check(x[: least - 1], qw, bias, prepared=prepared)
+    check(x, qw, bias, prepared=prepared, batch_invariant=True)
+    check(x, qw, prepared=prepared, config=tq.INTERPRETER_CONFIGS[-1][1])
+    assert len(calls) == 1
+
+
 def _shipped_tiles() -> list[configs.MatmulConfig]:
     """The shipped configs' tile shapes, once each (the interpreter ignores warps and stages)."""
     shipped = [c for table in tq.CONFIGS.values() for _, c in table]
@@ -364,6 +414,33 @@ def test_shipped_configs_compile_for_their_architecture(fam: str) -> None:
             assert "cp.async" in ptx or cfg.num_stages == 1, cfg  # the loads are pipelined
 
 
+@compiled
+@pytest.mark.parametrize("fam", sorted(TARGETS))
+def test_dequantize_kernel_compiles_for_every_family(fam: str) -> None:
+    """`triton_dequant._dequant` for 4 bits with offsets and 8 bits without, writing float16
+    (and bfloat16 from sm_80): within the family's shared memory, no bfloat16 on sm_75."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagedctl.kernels import triton_dequant as td
+
+    cc = TARGETS[fam]
+    target = GPUTarget("cuda", cc, 32)
+    options = triton.compiler.make_backend(target).parse_options({"num_warps": 4})
+    for bits, offsets, out in [(4, True, "fp16"), (8, False, "bf16" if cc >= 80 else "fp16")]:
+        sig = {"q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*fp16", "o_ptr": "*fp16"}
+        sig["w_ptr"] = f"*{out}"
+        consts = dict(N=4096, K=4096, GROUP=128, BITS=bits, HAS_OFFSETS=offsets)
+        consts.update(BLOCK_N=td.BLOCK_N, BLOCK_K=td.BLOCK_K)
+        sig.update({name: "constexpr" for name in consts})
+        source = ASTSource(
+            td._dequant, sig, consts, {(i,): [["tt.divisibility", 16]] for i in range(4)}
+        )
+        kernel = triton.compile(source, target=target, options=options.__dict__)
+        assert kernel.metadata.shared <= SHARED_LIMITS.get(fam, 227 * 1024), (bits, out)
+        assert fam != "sm75" or "bf16" not in kernel.asm["ptx"]
+
+
 # --- on a CUDA device -------------------------------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -382,12 +459,13 @@ def _gpu_dtypes() -> list[torch.dtype]:
      (4, 32, (9728, 896), True), (8, 16, (1000, 1040), True), (4, 0, (6144, 4096), True)],
 )  # fmt: skip
 def test_gpu_matches_reference(bits: int, group: int, shape: tuple[int, int], offsets: bool):
-    """Model-sized layers on the device at decode and prefill sizes (split and not), every dtype
-    the device has (float32 as TF32 from sm_80)."""
+    """Model-sized layers on the device at decode and prefill sizes (split and not; from
+    `DEQUANT_ROWS` rows dequantized, then cuBLAS), every dtype the device has (float32 as TF32
+    from sm_80)."""
     qw = make_weight(bits, group or shape[1], shape, offsets, seed=1, device="cuda")
     prepared = tq.prepare(qw)
     tf32 = torch.cuda.get_device_capability()[0] >= 8
-    for rows in (1, 16, 77, 256):
+    for rows in (1, 16, 77, 256, 1024):  # from 256: dequantized, then cuBLAS
         for dtype in _gpu_dtypes():
             x = make_x(rows, shape[1], dtype, seed=rows, device="cuda")
             bias = make_x(1, shape[0], dtype, seed=2, device="cuda")[0]
