@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "ClusterUnavailable": "scale_out",
     "CompletionOutput": "outputs",
     "Engine": "protocol",
+    "MAX_LOGPROBS": "core.sampling_params",
     "MIN_MAX_TOKENS": "core.sampling_params",
     "ReplicaPool": "scale_out.ray_data",
     "ReplicaShare": "protocol",

@@ -8,7 +8,8 @@ character whose bytes are not all there yet (byte-level BPE, byte fallback): it 
 later token completes it, or until `finish`.
 
 Stop strings follow the OpenAI semantics: the output is cut before the earliest match, the match
-itself is never shown. Text that could be the start of a stop string is held back, so a streamed
+itself is not shown (with `include_stop_str_in_output`, vLLM's, the cut is after it). Text that
+could be the start of a stop string is held back (unless the match is to be kept), so a streamed
 delta is never taken back.
 """
 
@@ -21,13 +22,36 @@ _INCOMPLETE = "\ufffd"
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
+def decode_text(
+    tokenizer: Any,
+    ids: list[int],
+    skip_special_tokens: bool = True,
+    spaces_between_special_tokens: bool = True,
+) -> str:
+    """The text of `ids` as vLLM makes it with a fast tokenizer: `tokenizer.decode`, spaces not
+    cleaned up. Special tokens kept and `spaces_between_special_tokens` false, an added token
+    right after an added token is its bare content, without a space the decoder may put between
+    them (a WordPiece decoder does; byte-level and SentencePiece ones put none). A fast
+    tokenizer's own `decode` takes that option and ignores it (transformers 5)."""
+    if skip_special_tokens or spaces_between_special_tokens:
+        return tokenizer.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+    added = tokenizer.added_tokens_decoder
+    cuts = [i for i in range(1, len(ids)) if ids[i] in added and ids[i - 1] in added]
+    return "".join(
+        tokenizer.decode(ids[a:b], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True)
+    )
+
+
 class IncrementalDetokenizer:
     """Streams the text of one sequence's output tokens and stops at the first stop string.
 
     Without a stop match, the concatenated deltas (and `text`, after `finish`) equal
-    `tokenizer.decode(output_ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)`
-    (which is what `decode` does for every BPE tokenizer). The text is that of the output alone, as
-    `decode` gives it: `prompt_token_ids` do not change it.
+    `decode_text(tokenizer, output_ids, skip_special_tokens, spaces_between_special_tokens)`.
+    The text is that of the output alone, as `decode` gives it: `prompt_token_ids` do not change
+    it. `include_stop_str_in_output`: the text ends with the stop string it stopped on.
     """
 
     def __init__(
@@ -36,10 +60,14 @@ class IncrementalDetokenizer:
         prompt_token_ids: list[int],
         stop: tuple[str, ...] = (),
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.include_stop_str_in_output = include_stop_str_in_output
         self.text = ""  # released text: the concatenation of every delta returned so far
         self.stopped_on: str | None = None
         self._ids: list[int] = []
@@ -63,8 +91,8 @@ class IncrementalDetokenizer:
         return self._release(self._decode_new(flush=True), final=True)
 
     def _decode_ids(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        return decode_text(
+            self.tokenizer, ids, self.skip_special_tokens, self.spaces_between_special_tokens
         )
 
     def _decode_new(self, flush: bool) -> str:
@@ -105,7 +133,9 @@ class IncrementalDetokenizer:
         match = self._find_stop(max(0, old_len - self._longest_stop + 1))
         if match is not None:
             end, self.stopped_on = match
-        elif not final:
+            if self.include_stop_str_in_output:
+                end += len(self.stopped_on)
+        elif not final and not self.include_stop_str_in_output:  # nothing shown is cut then
             end -= self._partial_stop_len()
         delta = self._decoded[len(self.text) : end]
         self.text += delta

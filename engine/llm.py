@@ -34,7 +34,7 @@ from .models.weights import load_tokenizer
 from .outputs import RequestOutput
 from .requests import PromptInput, RequestTracker
 from .runner.containment import execute_contained
-from .runner.model_runner import ModelRunner
+from .runner.model_runner import ModelRunner, StepResult
 from .runner.startup import StartupClock, use_compile_cache
 from .sizing.device import check_deterministic, resolve_device, resolve_dtype
 from .sizing.kv import KVLayout, max_concurrency
@@ -416,14 +416,13 @@ class LLM:
         return self._run_step(out)
 
     def _run_step(self, out: SchedulerOutput, finished: Seq[Sequence] = ()) -> list[RequestOutput]:
-        sampled, logprobs, failed = (
-            execute_contained(self.runner, out) if out.seqs else ([], None, [])
+        result, failed = (
+            execute_contained(self.runner, out) if out.seqs else (StepResult([], None), [])
         )
         # Failed requests finish before `update`, which then skips their rows.
         finished = [*finished, *self._fail_requests(failed)]
-        if logprobs is not None:
-            self.tracker.record_logprobs(out, logprobs)
-        done = self.scheduler.update(out, sampled, logprobs)
+        self.tracker.record_logprobs(out, result)
+        done = self.scheduler.update(out, result.sampled_token_ids, result.logprobs)
         if not out.seqs and not done and self.scheduler.has_unfinished():
             raise RuntimeError(  # an invariant, not a user error: never loop silently
                 f"scheduler made no progress with {self.scheduler.num_unfinished} unfinished"

@@ -16,6 +16,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[float] | None = None  # log-probability of each sampled token
     cumulative_logprob: float | None = None  # their sum, for a beam-search hypothesis
+    # with top_logprobs: each position's most likely (token id, logprob) pairs, best first
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -49,6 +51,10 @@ class RequestOutput:
     error: str | None = None  # why the request was refused; `outputs` is then empty
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error_code: str | None = None  # machine-readable: prompt_too_long, token_out_of_vocab, ...
+    # with prompt_logprobs: each prompt token's log-probability given those before it (None for
+    # the first) and its position's most likely (token id, logprob) pairs
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
     @property
     def ok(self) -> bool:

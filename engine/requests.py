@@ -3,21 +3,53 @@
 Turns each prompt (text, token ids, or chat messages) into a `Sequence`, remembers which request
 each sequence belongs to, watches stop strings, and assembles a request's samples (or a beam
 group's hypotheses) into one `RequestOutput` when the last of them finishes.
+
+A prompt dict holds one of `prompt` (text), `prompt_token_ids` or `messages` (a chat), and may
+hold `request_id` and `sampling_params`. A chat's dict may also hold `chat`, the options of its
+chat template under vLLM's names of them (`CHAT_OPTIONS`):
+`{"messages": [...], "chat": {"add_generation_prompt": False, "continue_final_message": True,
+"chat_template": "...", "chat_template_kwargs": {"enable_thinking": False}}}`. The defaults are
+vLLM's: a generation prompt added, the final message not continued, the tokenizer's template.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from .core.beam_search import BeamGroup, BeamSearchParams
+from .core.beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .core.sampling_params import SamplingParams
 from .core.scheduler import Scheduler, SchedulerOutput
 from .core.sequence import Sequence, SequenceStatus
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, decode_text
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .runner.model_runner import PromptLogprobs, StepResult
 
 PromptInput = str | list[int] | dict
+
+
+def bad_words_token_ids(tokenizer, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each bad word's tokens as vLLM makes them: the word without its leading spaces, and with
+    one leading space where that gives another first token and as many tokens."""
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if bare:
+            out.append(bare)
+            if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+                out.append(spaced)
+    return tuple(out)
+
+
+def _text_ids(seq: Sequence) -> list[int]:
+    """The output tokens a sample's text is made of: all but the stop token (EOS, one of
+    stop_token_ids) that ended it, unless `include_stop_str_in_output` keeps it (vLLM's rule)."""
+    ids = seq.output_token_ids
+    by_token = seq.status == SequenceStatus.FINISHED_STOPPED and isinstance(seq.stop_reason, int)
+    return ids[:-1] if by_token and not seq.sampling_params.include_stop_str_in_output else ids
 
 
 class BadRequest(ValueError):
@@ -26,6 +58,65 @@ class BadRequest(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+# A chat prompt's template options (its dict's "chat"), each with its default: vLLM's fields.
+CHAT_OPTIONS: dict[str, Any] = {
+    "add_generation_prompt": True,  # end with the header of a new assistant message
+    "continue_final_message": False,  # leave the last message open for the model to continue
+    "chat_template": None,  # a Jinja template in place of the tokenizer's
+    "chat_template_kwargs": None,  # more variables for the template (Qwen3's enable_thinking)
+}
+_OPTION_TYPES = {
+    "add_generation_prompt": (bool, "true or false"),
+    "continue_final_message": (bool, "true or false"),
+    "chat_template": (str, "a string"),
+    "chat_template_kwargs": (dict, "an object"),
+}
+
+
+def _template_args(tokenizer, chat: dict | None) -> dict[str, Any]:
+    """`apply_chat_template`'s keyword arguments for a prompt's `chat` options (None ones at
+    their defaults, an empty chat_template too). BadRequest (`invalid_field`) for an unknown
+    option or a wrong type, both add_generation_prompt and continue_final_message true (which
+    vLLM refuses), or a chat_template_kwargs key that is an argument of apply_chat_template
+    itself (`tokenize`, `add_generation_prompt`, ...: an option of its own, or no template
+    variable)."""
+    chat = chat or {}
+    if not isinstance(chat, dict):
+        raise BadRequest("invalid_field", f"chat options must be a dict, got {type(chat).__name__}")
+    unknown = sorted(set(chat) - set(CHAT_OPTIONS))
+    if unknown:
+        raise BadRequest(
+            "invalid_field", f"unknown chat options {unknown}; known: {', '.join(CHAT_OPTIONS)}"
+        )
+    opts = {k: default if chat.get(k) is None else chat[k] for k, default in CHAT_OPTIONS.items()}
+    for key, (kind, allowed) in _OPTION_TYPES.items():
+        if opts[key] is not None and not isinstance(opts[key], kind):
+            raise BadRequest("invalid_field", f"{key} must be {allowed}, got {opts[key]!r}")
+    if opts["add_generation_prompt"] and opts["continue_final_message"]:
+        raise BadRequest(
+            "invalid_field",
+            "continue_final_message and add_generation_prompt cannot both be true "
+            "(add_generation_prompt is true unless given): give add_generation_prompt false",
+        )
+    extra = opts.pop("chat_template_kwargs") or {}
+    own = {"messages", "conversation"} | {
+        p.name
+        for p in inspect.signature(tokenizer.apply_chat_template).parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    clash = sorted(k for k in extra if k in own)
+    if clash:
+        raise BadRequest(
+            "invalid_field",
+            f"chat_template_kwargs cannot set {', '.join(clash)}: an argument of "
+            "apply_chat_template, not a template variable (add_generation_prompt, "
+            "continue_final_message and chat_template are options of their own)",
+        )
+    if not opts["chat_template"]:  # "" too, as in vLLM: the tokenizer's own
+        del opts["chat_template"]
+    return {**extra, **opts}
 
 
 @dataclass
@@ -39,6 +130,7 @@ class _Request:
     samples: dict[int, CompletionOutput] = field(default_factory=dict)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error: tuple[str, str] | None = None  # (code, message) of the first sample that failed
+    prompt_logprobs: tuple[list[float | None], list[list]] | None = None  # by prompt position
 
 
 class RequestTracker:
@@ -50,7 +142,8 @@ class RequestTracker:
         self.eos_token_ids = eos_token_ids
         self._requests: dict[str, _Request] = {}
         self._detoks: dict[int, tuple[IncrementalDetokenizer, list[int]]] = {}
-        self._logprobs: dict[tuple[str, int], list[float]] = {}
+        # (request, sample) -> the sampled tokens' logprobs and each position's top tokens
+        self._logprobs: dict[tuple[str, int], tuple[list[float], list[list]]] = {}
         self._rendered: dict[int, CompletionOutput] = {}  # seq_id -> output made by `render`
         self._beam_outputs: dict[str, list[CompletionOutput]] = {}  # request -> hypotheses
 
@@ -105,6 +198,12 @@ class RequestTracker:
             seq_params = replace(
                 seq_params, stop_token_ids=(*seq_params.stop_token_ids, *extra_eos)
             )
+        try:
+            seq_params = self._token_fields(seq_params)
+        except BadRequest as exc:
+            return [
+                RequestOutput(request_id, index, prompt, ids, error=str(exc), error_code=exc.code)
+            ]
         eos = self.eos_token_ids[0] if self.eos_token_ids else None
         seq = Sequence(ids, seq_params, request_id=request_id, eos_token_id=eos)
         if beam is not None:
@@ -116,6 +215,25 @@ class RequestTracker:
         scheduler.add(seq)
         return self.collect([seq]) if seq.is_finished else []
 
+    def _token_fields(self, params: SamplingParams) -> SamplingParams:
+        """`params` with its bad words tokenized; BadRequest for a token id of `logit_bias` or
+        `allowed_token_ids` outside the vocabulary, or bad words without a tokenizer."""
+        for name, ids in (
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+            ("allowed_token_ids", params.allowed_token_ids),
+        ):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise BadRequest(
+                    "token_out_of_vocab",
+                    f"{name} token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                )
+        if not params.bad_words or params.bad_words_token_ids:  # none, or tokenized already
+            return params
+        if self.tokenizer is None:
+            raise BadRequest("no_tokenizer", "bad_words need a tokenizer, and this model has none")
+        return params.with_bad_words_ids(bad_words_token_ids(self.tokenizer, params.bad_words))
+
     def _tokenize(self, item: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(item, dict):
             keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in item]
@@ -123,11 +241,11 @@ class RequestTracker:
                 raise BadRequest(
                     "invalid_prompt", "give exactly one of prompt, prompt_token_ids or messages"
                 )
-            item = item[keys[0]] if keys[0] != "messages" else {"messages": item["messages"]}
+            if keys[0] == "messages":
+                return None, self._render_chat(item["messages"], item.get("chat"))
+            item = item[keys[0]]
         if isinstance(item, str):
             return item, self._encode(item, add_special_tokens=True)
-        if isinstance(item, dict):
-            return None, self._render_chat(item["messages"])
         if isinstance(item, list | tuple) and all(isinstance(t, int) for t in item):
             bad = [t for t in item if not 0 <= t < self.vocab_size]
             if bad:
@@ -146,10 +264,17 @@ class RequestTracker:
             raise BadRequest("no_tokenizer", "this model has no tokenizer: give prompt_token_ids")
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def _render_chat(self, messages) -> list[int]:
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+    def _render_chat(self, messages, chat: dict | None) -> list[int]:
+        """The tokens of `messages` rendered by the chat template with the `chat` options, as
+        vLLM renders a chat request: the text the template makes, tokenized without adding
+        special tokens again (the template writes them)."""
+        if self.tokenizer is None:
+            raise BadRequest("no_tokenizer", "this model has no tokenizer: give prompt_token_ids")
+        args = _template_args(self.tokenizer, chat)
+        if not (args.get("chat_template") or getattr(self.tokenizer, "chat_template", None)):
             raise BadRequest(
-                "no_chat_template", "this model has no chat template: give a prompt, not messages"
+                "no_chat_template",
+                "this model has no chat template: give a prompt, not messages, or a chat_template",
             )
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
@@ -157,19 +282,45 @@ class RequestTracker:
             raise BadRequest(
                 "invalid_messages", "messages must be a list of {role, content} objects"
             )
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **args)
+        except Exception as exc:  # the template is the request's code: whatever it raises
+            first = (str(exc).splitlines() or [""])[0][:300]
+            raise BadRequest(
+                "chat_template_failed", f"the chat template failed: {type(exc).__name__}: {first}"
+            ) from None
         return self._encode(text, add_special_tokens=False)
 
-    def record_logprobs(self, out: SchedulerOutput, logprobs: list[list[float]]) -> None:
-        """Keep the logprobs of this step's tokens (before `update` forks any children)."""
-        for seq, row in zip(out.seqs, logprobs, strict=True):
-            if not row or not seq.sampling_params.logprobs or seq.is_finished:
+    def record_logprobs(self, out: SchedulerOutput, result: StepResult) -> None:
+        """Keep the logprobs of this step's tokens and prompt positions (before `update` forks
+        any children)."""
+        if result.prompt_logprobs is not None:
+            for seq, chunk in zip(out.seqs, result.prompt_logprobs, strict=True):
+                if chunk is not None and seq.request_id in self._requests:
+                    self._record_prompt(self._requests[seq.request_id], chunk)
+        if result.logprobs is None:
+            return
+        tops = result.top_logprobs or [None] * len(out.seqs)
+        for seq, row, top in zip(out.seqs, result.logprobs, tops, strict=True):
+            if not row or not seq.sampling_params.wants_logprobs or seq.is_finished:
                 continue
             for j, lp in enumerate(row):
                 index = j if len(row) > 1 else seq.sample_index
-                self._logprobs.setdefault((seq.request_id, index), []).append(lp)
+                kept = self._logprobs.setdefault((seq.request_id, index), ([], []))
+                kept[0].append(lp)
+                kept[1].append(top[j] if top else [])
+
+    @staticmethod
+    def _record_prompt(req: _Request, chunk: PromptLogprobs) -> None:
+        """Keep a chunk's prompt logprobs by position (a prompt computed again after a
+        preemption gives the same values for the same positions)."""
+        if req.prompt_logprobs is None:
+            n = len(req.prompt_token_ids)
+            req.prompt_logprobs = ([None] * n, [[] for _ in range(n)])
+        values, tops = req.prompt_logprobs
+        end = chunk.first + len(chunk.values)
+        values[chunk.first : end] = chunk.values
+        tops[chunk.first : end] = chunk.top
 
     def check_stop_strings(
         self, seqs: list[Sequence]
@@ -190,14 +341,21 @@ class RequestTracker:
     def _detokenize(self, seq: Sequence) -> IncrementalDetokenizer:
         entry = self._detoks.get(seq.seq_id)
         if entry is None:
+            p = seq.sampling_params
             detok = IncrementalDetokenizer(
-                self.tokenizer, seq.prompt_token_ids, seq.sampling_params.stop
+                self.tokenizer,
+                seq.prompt_token_ids,
+                p.stop,
+                skip_special_tokens=p.skip_special_tokens,
+                spaces_between_special_tokens=p.spaces_between_special_tokens,
+                include_stop_str_in_output=p.include_stop_str_in_output,
             )
             entry = self._detoks[seq.seq_id] = (detok, [0])
         detok, fed = entry
-        if fed[0] < seq.num_output_tokens:
-            detok.append(seq.output_token_ids[fed[0] :])
-            fed[0] = seq.num_output_tokens
+        ids = _text_ids(seq)
+        if fed[0] < len(ids):
+            detok.append(ids[fed[0] :])
+            fed[0] = len(ids)
         return detok
 
     def render(self, finished: list[Sequence]) -> list[tuple[Sequence, Exception]]:
@@ -274,11 +432,10 @@ class RequestTracker:
 
     def _hypotheses(self, group: BeamGroup) -> list[CompletionOutput]:
         """A finished group's hypotheses as outputs, best first."""
-        tok = self.tokenizer
         return [
             CompletionOutput(
                 index=i,
-                text=tok.decode(h.token_ids, skip_special_tokens=True) if tok is not None else "",
+                text=self._hypothesis_text(h, group.params),
                 token_ids=h.token_ids,
                 finish_reason=h.finish_reason,
                 stop_reason=h.stop_reason,
@@ -287,6 +444,15 @@ class RequestTracker:
             )
             for i, h in enumerate(group.finished)
         ]
+
+    def _hypothesis_text(self, h: Hypothesis, params: BeamSearchParams) -> str:
+        """A hypothesis's text, without the stop token that ended it (as vLLM's beam search)."""
+        if self.tokenizer is None:
+            return ""
+        ids = h.token_ids[:-1] if h.finish_reason == "stop" else h.token_ids
+        return decode_text(
+            self.tokenizer, ids, params.skip_special_tokens, params.spaces_between_special_tokens
+        )
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         text, reason, stop_reason = "", seq.finish_reason, seq.stop_reason
@@ -298,16 +464,23 @@ class RequestTracker:
             if detok.stopped_on:
                 reason, stop_reason = "stop", detok.stopped_on
         elif self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+            p = seq.sampling_params
+            text = decode_text(
+                self.tokenizer,
+                _text_ids(seq),
+                p.skip_special_tokens,
+                p.spaces_between_special_tokens,
+            )
         self._detoks.pop(seq.seq_id, None)
-        logprobs = self._logprobs.pop((seq.request_id, seq.sample_index), None)
+        logprobs, top = self._logprobs.pop((seq.request_id, seq.sample_index), (None, None))
         return CompletionOutput(
             index=seq.sample_index,
             text=text,
             token_ids=seq.output_token_ids,
             finish_reason=reason,
             stop_reason=stop_reason,
-            logprobs=logprobs if seq.sampling_params.logprobs else None,
+            logprobs=logprobs if seq.sampling_params.wants_logprobs else None,
+            top_logprobs=top if seq.sampling_params.top_logprobs else None,
         )
 
     def _finish_request(self, req: _Request) -> RequestOutput:
@@ -315,6 +488,9 @@ class RequestTracker:
         req.metrics.finished_time = time.time()
         code, error = req.error or (None, None)
         outputs = [] if error else [req.samples[i] for i in sorted(req.samples)]
+        prompt_logprobs = prompt_top = None
+        if req.prompt_logprobs is not None and not error:
+            prompt_logprobs, prompt_top = req.prompt_logprobs
         return RequestOutput(
             req.request_id,
             req.index,
@@ -324,4 +500,6 @@ class RequestTracker:
             error,
             metrics=req.metrics,
             error_code=code,
+            prompt_logprobs=prompt_logprobs,
+            prompt_top_logprobs=prompt_top,
         )

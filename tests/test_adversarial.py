@@ -68,10 +68,8 @@ CORPUS: list[tuple[bytes | dict, str]] = [
     (b'{"custom_id": "f-dup", "prompt": "x", "max_tokens": 2, "max_tokens": 9}', "duplicate_key"),
     ({"custom_id": "f-salt", "prompt": "x", "cache_salt": "tenant-a"}, OK),
     ({"custom_id": "f-salt-bad", "prompt": "x", "cache_salt": ["a"]}, "invalid_field"),
-    (
-        {"custom_id": "f-template", "messages": CHAT, "chat_template_kwargs": {"x": 1}},
-        "unsupported_field",
-    ),
+    ({"custom_id": "f-template", "messages": CHAT, "chat_template_kwargs": {"x": 1}}, OK),
+    ({"custom_id": "f-tmpl-prompt", "prompt": "x", "chat_template": "{{ 1 }}"}, "invalid_field"),
     # -- envelopes
     ({**_batch("v-beside", CHAT_URL, {"messages": CHAT}), "max_tokens": 3}, "unknown_field"),
     (_batch("v-model", CHAT_URL, {"model": MODEL, "messages": CHAT}), OK),

@@ -115,7 +115,7 @@ def test_openai_completion_with_every_sampling_field(tmp_path: Path) -> None:
         "completion", "Once", None, None)  # fmt: skip
     assert req.sampling == {"max_tokens": 5, "n": 8, "temperature": 1.5, "top_p": 1.0,
                             "min_p": 0.0, "top_k": 0, "seed": -3, "stop": ["\n"],
-                            "ignore_eos": False, "logprobs": True,
+                            "ignore_eos": False, "logprobs": True, "top_logprobs": 1,
                             "strict_max_tokens": True}  # fmt: skip
     assert SamplingParams(**req.sampling).stop == ("\n",)
 
@@ -168,7 +168,9 @@ def test_harmless_fields_are_accepted(tmp_path: Path) -> None:
             "max_completion_tokens": 4, "n": 2, "best_of": 2, "echo": False,
             "length_penalty": 1.0, "chat_template_kwargs": {}, "cache_salt": "s"}  # fmt: skip
     req = _one(tmp_path, _batch(CHAT_URL, body))
-    assert req.sampling == {"max_tokens": 4, "strict_max_tokens": True, "n": 2, "cache_salt": "s"}
+    assert req.sampling == {"max_tokens": 4, "strict_max_tokens": True, "n": 2, "cache_salt": "s",
+                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {},
+                            "top_logprobs": 0}  # fmt: skip
     assert SamplingParams(**req.sampling).cache_salt == "s"
     assert "model" not in asdict(req)
 
@@ -259,25 +261,35 @@ ERROR_CASES: list[tuple[str, bytes | dict, str | None]] = [
     ("invalid_field", {"id": "a", "prompt": "p", "cache_salt": 5}, "a"),
     ("n_out_of_range", {"id": "a", "prompt": "p", "n": 0}, "a"),
     ("n_out_of_range", {"id": "a", "prompt": "p", "n": 9}, "a"),
-    ("unsupported_field", {"id": "a", "prompt": "p", "presence_penalty": 0.5}, "a"),
-    ("unsupported_field", {"id": "a", "prompt": "p", "frequency_penalty": -1}, "a"),
-    ("unsupported_field", {"id": "a", "prompt": "p", "logit_bias": {"5": 10}}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "presence_penalty": 2.5}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "frequency_penalty": -3}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "repetition_penalty": 0}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "logit_bias": {"x5": 10}}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "logit_bias": {"5": "10"}}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "allowed_token_ids": []}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "min_tokens": 200}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "prompt_logprobs": 21}, "a"),
+    ("invalid_field", {"id": "a", "prompt": "p", "logprobs_mode": "softmax"}, "a"),
     ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "tools": [{}]}, "a"), "a"),
     ("unsupported_field", _batch(CHAT_URL, {"messages": MSG,
                                             "response_format": {"type": "json_object"}}, "a"), "a"),
     ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "stream": True}, "a"), "a"),
-    ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "top_logprobs": 2}, "a"), "a"),
+    ("invalid_field", _batch(CHAT_URL, {"messages": MSG, "top_logprobs": 2}, "a"), "a"),
+    ("invalid_field", _batch(CHAT_URL, {"messages": MSG, "logprobs": True,
+                                        "top_logprobs": 21}, "a"), "a"),
+    ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "echo": True}, "a"), "a"),
+    ("unsupported_field", _batch(COMPLETION_URL, {"prompt": "p", "top_logprobs": 2}, "a"), "a"),
     ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "stream_options": {}}, "a"), "a"),
     ("unsupported_field", {"id": "a", "prompt": "p", "length_penalty": 0.5}, "a"),
     ("unsupported_field", {"id": "a", "prompt": "p", "max_new_tokens": 5}, "a"),
     ("unsupported_field", {"id": "a", "prompt": "p", "stop_sequences": ["x"]}, "a"),
     ("unsupported_field", {"id": "a", "prompt": "p", "do_sample": False}, "a"),
-    ("unsupported_field", _batch(CHAT_URL, {"messages": MSG, "chat_template_kwargs": {
+    ("invalid_field", _batch(COMPLETION_URL, {"prompt": "p", "chat_template_kwargs": {
         "enable_thinking": False}}, "a"), "a"),
     ("unsupported_field", _batch(COMPLETION_URL, {"prompt": ["a", "b"]}, "a"), "a"),
-    ("unsupported_field", _batch(COMPLETION_URL, {"prompt": "p", "echo": True}, "a"), "a"),
+    ("invalid_field", _batch(COMPLETION_URL, {"prompt": "p", "echo": 1}, "a"), "a"),
     ("unsupported_field", _batch(COMPLETION_URL, {"prompt": "p", "best_of": 3}, "a"), "a"),
-    ("unsupported_field", _batch(COMPLETION_URL, {"prompt": "p", "logprobs": 5}, "a"), "a"),
+    ("invalid_field", _batch(COMPLETION_URL, {"prompt": "p", "logprobs": 21}, "a"), "a"),
     ("unsupported_field", {"id": "a", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, "a"),
     ("unsupported_field", {"id": "a", "messages": [
@@ -306,14 +318,16 @@ def test_messages_say_what_is_allowed(tmp_path: Path) -> None:
         {"id": "b", "prompt": "p", "n": 20},
         _batch("/v1/embeddings", {}, "c"),
         {"id": "d", "prompt": "p", "temperature": "x" * 500},
-        {"id": "e", "prompt": "p", "presence_penalty": 1},
+        {"id": "e", "prompt": "p", "presence_penalty": 3},
+        {"id": "f", "prompt": "p", "tools": [{}]},
     ])  # fmt: skip
     assert [e.message for e in got] == [
         "max_tokens must be an integer in 1..4096, got 0",
         "n must be an integer in 1..8, got 20",
         'url must be one of /v1/chat/completions, /v1/completions; got "/v1/embeddings"',
         'temperature must be a number >= 0, got "' + "x" * 36 + "...",
-        "presence_penalty=1 is not supported; remove it or set it to 0",
+        "presence_penalty must be a number in [-2, 2], got 3",
+        "tools=a list of 1 is not supported; remove it or set it to []",
     ]
 
 

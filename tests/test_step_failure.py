@@ -217,8 +217,9 @@ def test_interrupts_and_host_memory_errors_are_not_contained(folder, exc):
 
 
 class FlakyTokenizer:
-    """Decodes ids to "t<id>" words; fails on the 5th incremental decode (stop-string checks
-    only) and on a whole-output decode of exactly 5 tokens."""
+    """Decodes ids to "t<id>" words; fails on the 5th decode of a short window (the incremental
+    detokenizer's, which only stop-string checks use) and on any decode of exactly 5 tokens (a
+    whole output of 5)."""
 
     eos_token_id = None
 
@@ -226,7 +227,7 @@ class FlakyTokenizer:
         self.incremental = 0
 
     def decode(self, ids, skip_special_tokens=True, **kwargs):
-        if "clean_up_tokenization_spaces" in kwargs:  # from the incremental detokenizer
+        if len(ids) < 5:  # an incremental window
             self.incremental += 1
             if self.incremental == 5:
                 raise IndexError("poisoned batch")

@@ -53,6 +53,8 @@ class BeamSearchParams:
     (0: raw sum; above 0 favours longer hypotheses). `early_stopping`: True, False or "never",
     as in transformers. `stop_token_ids` end a beam as EOS does; `ignore_eos` lets beams run
     through EOS. `logprobs`: return each token's log-probability with the hypothesis.
+    `skip_special_tokens`, `spaces_between_special_tokens`: how a hypothesis's text is made, as
+    a sample's; it leaves out the stop token that ended the hypothesis.
 
     A field it shares with `SamplingParams` takes that field's `SamplingField`, so one check
     serves both; its own are marked `beam="only"` (`BEAM_ONLY_FIELDS`).
@@ -82,6 +84,10 @@ class BeamSearchParams:
     ignore_eos: bool = same_field(SAMPLING_FIELDS["ignore_eos"])
     stop_token_ids: tuple[int, ...] = same_field(SAMPLING_FIELDS["stop_token_ids"])
     logprobs: bool = same_field(SAMPLING_FIELDS["logprobs"])
+    skip_special_tokens: bool = same_field(SAMPLING_FIELDS["skip_special_tokens"])
+    spaces_between_special_tokens: bool = same_field(
+        SAMPLING_FIELDS["spaces_between_special_tokens"]
+    )
     cache_salt: str | None = same_field(SAMPLING_FIELDS["cache_salt"])
     strict_max_tokens: bool = same_field(SAMPLING_FIELDS["strict_max_tokens"])
 

@@ -89,10 +89,13 @@ class KVCacheManager:
         """Longest run of cached full blocks that prefixes `seq`, and the tokens they hold.
 
         The hit never covers the whole sequence: at least one token is left to compute, so the step
-        that admits it produces logits.
+        that admits it produces logits. A sequence that asks for its prompt's logprobs takes no
+        hit (its blocks are cached for others all the same).
         """
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return [], 0
+        if seq.sampling_params.prompt_logprobs is not None:
+            return [], 0  # its prompt's logprobs need every position computed (as vLLM)
         self._update_hashes(seq)
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hit: list[KVCacheBlock] = []

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-KINDS = ("int", "float", "bool", "str", "strs", "ints", "choice")
-LIST_KINDS = ("strs", "ints")  # kept as tuples
+KINDS = ("int", "float", "bool", "str", "strs", "ints", "bias", "choice")
+LIST_KINDS = ("strs", "ints", "bias")  # kept as tuples
 BEAM_MODES = ("beams", "group", "ignored", "refused", "only")
 _TYPE_WORDS = {  # what a type error says a field must be
     "int": "an integer",
@@ -27,8 +27,14 @@ _TYPE_WORDS = {  # what a type error says a field must be
     "str": "a string",
     "strs": "a string or a list of strings",
     "ints": "integers",
+    "bias": "token ids mapped to finite numbers",
 }
-_LINE_WORDS = {**_TYPE_WORDS, "bool": "true or false", "ints": "a list of integers"}  # JSON's
+_LINE_WORDS = {  # JSON's
+    **_TYPE_WORDS,
+    "bool": "true or false",
+    "ints": "a list of integers",
+    "bias": "an object of token ids to numbers",
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,8 @@ class SamplingField:
     Attributes:
         help: what it does, in a request line's words (the job's field table, docs/jobs.md).
         kind: "int", "float", "bool", "str", "strs" (a string or a list of strings, kept as a
-            tuple), "ints" (a list of integers, kept as a tuple) or "choice".
+            tuple), "ints" (a list of integers, kept as a tuple), "bias" (token ids mapped to
+            numbers, kept as a tuple of (id, number) pairs by id) or "choice".
         default: the field's default (MISSING: it has none).
         low, high: inclusive bounds of a number (`low_open`: the low bound is excluded).
         finite: a number must be finite (checked with its type).
@@ -122,6 +129,10 @@ class SamplingField:
             return (value,) if isinstance(value, str) else tuple(value)
         if self.kind == "ints":
             return tuple(int(t) if _is_integer(t) else t for t in value)
+        if self.kind == "bias":
+            pairs = value.items() if isinstance(value, dict) else value
+            pairs = [(int(t) if _is_integer(t) else t, b) for t, b in pairs]
+            return tuple(sorted(pairs, key=lambda p: (0, p[0]) if _is_integer(p[0]) else (1, 0)))
         return value
 
     def type_test(self) -> Callable[[Any], bool]:
@@ -205,6 +216,9 @@ _TYPE_TESTS = {
     "str": lambda v: isinstance(v, str),
     "strs": lambda v: all(isinstance(s, str) for s in v),
     "ints": lambda v: all(_is_integer(t) for t in v),
+    "bias": lambda v: all(
+        len(p) == 2 and _is_integer(p[0]) and _is_number(p[1]) and math.isfinite(p[1]) for p in v
+    ),
     "choice": lambda v: True,  # its values are checked with the ranges
 }
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .sampling_fields import SamplingField, params_check, sampling_field, specs
 
 GREEDY_BELOW = 1e-5  # as vLLM: a temperature under this samples greedily
+MAX_LOGPROBS = 20  # most likely tokens a position may report (OpenAI's top_logprobs bound)
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 MIN_MAX_TOKENS = 1  # the fewest output tokens a request may ask for (a job's lines, a sweep's)
 
 
@@ -90,12 +92,123 @@ class SamplingParams:
     ignore_eos: bool = sampling_field(
         False, "keep going past EOS", "bool", job=True, flag="Default: keep going past EOS."
     )
+    include_stop_str_in_output: bool = sampling_field(
+        False,
+        "end the text with the stop string that ended the sample (what follows it is still "
+        "cut), or with the text of the stop token (EOS, stop_token_ids) that did, which is "
+        "otherwise left out (vLLM's rule; a special token's text only with "
+        "skip_special_tokens false)",
+        "bool",
+        beam="ignored",  # no stop strings; a hypothesis's text never has its stop token
+    )
+    skip_special_tokens: bool = sampling_field(
+        True,
+        "leave the special tokens' text (EOS, chat markers) out of the output text, where stop "
+        "strings are matched",
+        "bool",
+        beam="group",
+    )
+    spaces_between_special_tokens: bool = sampling_field(
+        True,
+        "with skip_special_tokens false: false puts an added token right after another as its "
+        "bare text, without a space the tokenizer's decoder may put between them, as vLLM does "
+        "with a fast tokenizer (byte-level and SentencePiece decoders put none: no change)",
+        "bool",
+        beam="group",
+    )
     logprobs: bool = sampling_field(
         False,
         "the sampled tokens' log-probabilities (each hypothesis's tokens' with beam search)",
         "bool",
         beam="group",
         one_step=True,  # each step's logits, gathered on the host
+    )
+    top_logprobs: int = sampling_field(
+        0,
+        "the most likely tokens at each output position, this many, with their "
+        "log-probabilities (implies logprobs)",
+        "int",
+        low=0,
+        high=MAX_LOGPROBS,
+        beam="refused",
+        one_step=True,
+    )
+    prompt_logprobs: int | None = sampling_field(
+        None,
+        "the log-probability of each prompt token given the ones before it, with this many "
+        "most likely tokens at each position (0: the prompt's own tokens only); computed again "
+        "for a prefix the cache holds",
+        "int",
+        low=0,
+        high=MAX_LOGPROBS,
+        beam="refused",
+    )
+    logprobs_mode: str = sampling_field(
+        "raw_logprobs",
+        "what logprobs report (vLLM's names): the model's distribution (raw_) or the one "
+        "sampled from after penalties, biases, masks, temperature, top-k/top-p/min-p "
+        "(processed_), as log-probabilities or logits",
+        "choice",
+        choices=LOGPROBS_MODES,
+        beam="refused",
+        job=True,
+        flag="Default logprobs_mode: raw_logprobs, processed_logprobs, raw_logits or "
+        "processed_logits.",
+    )
+    presence_penalty: float = sampling_field(
+        0.0,
+        "subtracted once from the logit of each token the output holds (OpenAI's rule)",
+        "float",
+        low=-2,
+        high=2,
+        beam="refused",
+        job=True,
+    )
+    frequency_penalty: float = sampling_field(
+        0.0,
+        "subtracted from each token's logit once per time the output holds it (OpenAI's rule)",
+        "float",
+        low=-2,
+        high=2,
+        beam="refused",
+        job=True,
+    )
+    repetition_penalty: float = sampling_field(
+        1.0,
+        "divides the positive logits and multiplies the negative ones of the tokens the prompt "
+        "or the output holds (vLLM's and transformers' rule)",
+        "float",
+        low=0,
+        low_open=True,
+        note="1 is off",
+        beam="refused",
+        job=True,
+    )
+    logit_bias: tuple[tuple[int, float], ...] = sampling_field(
+        (),
+        "token id -> a number added to its logit (a line's values are clamped to [-100, 100], "
+        "as OpenAI clamps them)",
+        "bias",
+        beam="refused",
+    )
+    allowed_token_ids: tuple[int, ...] = sampling_field(
+        (), "the only token ids that may be sampled (none: any)", "ints", beam="refused"
+    )
+    bad_words: tuple[str, ...] = sampling_field(
+        (),
+        "words never generated: a word's last token is masked where the output ends in its "
+        "other tokens (vLLM's rule: each word with and without a leading space)",
+        "strs",
+        beam="refused",
+        one_step=True,  # matched against the output's last tokens, on the host
+    )
+    min_tokens: int = sampling_field(
+        0,
+        "output tokens before EOS, a stop token or a stop string may end a sample (EOS and the "
+        "stop tokens are masked until then)",
+        "int",
+        low=0,
+        beam="refused",
     )
     cache_salt: str | None = sampling_field(
         None,
@@ -110,12 +223,44 @@ class SamplingParams:
     )
     _stop_ids: frozenset[int] = field(default=frozenset(), init=False, repr=False, compare=False)
     _multi_step: bool = field(default=True, init=False, repr=False, compare=False)
+    _shapes_logits: bool = field(default=False, init=False, repr=False, compare=False)
+    _bad_words_ids: tuple[tuple[int, ...], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         _check(self)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})"
+            )
         object.__setattr__(self, "_stop_ids", frozenset(self.stop_token_ids))
         steps = all(spec.at_default(getattr(self, name)) for name, spec in _ONE_STEP.items())
         object.__setattr__(self, "_multi_step", steps)
+        shaped = any(not _PROCESSORS[name].at_default(getattr(self, name)) for name in _PROCESSORS)
+        object.__setattr__(self, "_shapes_logits", shaped)
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether a logits processor acts on this sequence's rows (a penalty, a bias, a mask
+        or min_tokens: `runner.logits_processors`)."""
+        return self._shapes_logits
+
+    @property
+    def bad_words_token_ids(self) -> tuple[tuple[int, ...], ...]:
+        """`bad_words` as token ids, once a tokenizer has made them (`with_bad_words_ids`)."""
+        return self._bad_words_ids
+
+    def with_bad_words_ids(self, ids: tuple[tuple[int, ...], ...]) -> SamplingParams:
+        """These params with `bad_words` tokenized as `ids` (by the engine's tokenizer)."""
+        params = replace(self)
+        object.__setattr__(params, "_bad_words_ids", tuple(map(tuple, ids)))
+        return params
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether each sampled token's log-probability is kept (`logprobs`, `top_logprobs`)."""
+        return self.logprobs or self.top_logprobs > 0
 
     @property
     def greedy(self) -> bool:
@@ -135,3 +280,10 @@ class SamplingParams:
 SAMPLING_FIELDS: dict[str, SamplingField] = specs(SamplingParams)
 _check = params_check(SAMPLING_FIELDS)
 _ONE_STEP = {name: spec for name, spec in SAMPLING_FIELDS.items() if spec.one_step}
+_PROCESSORS = {  # the fields a logits processor acts on (`shapes_logits`)
+    name: SAMPLING_FIELDS[name]
+    for name in (
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+        "allowed_token_ids", "bad_words", "min_tokens",
+    )
+}  # fmt: skip

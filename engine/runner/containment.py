@@ -11,16 +11,16 @@ import logging
 
 from ..core.scheduler import SchedulerOutput
 from ..core.sequence import Sequence
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, StepResult
 
 logger = logging.getLogger("pagedctl.engine")
 
 
 def execute_contained(
     runner: ModelRunner, out: SchedulerOutput
-) -> tuple[list[list[int]], list[list[float]] | None, list[tuple[Sequence, Exception]]]:
-    """Run a step: each row's sampled tokens, their logprobs (None if no row asked), and the
-    rows the step failed on, each with what it raised.
+) -> tuple[StepResult, list[tuple[Sequence, Exception]]]:
+    """Run a step: its `StepResult` (a failed row's holds nothing) and the rows the step failed
+    on, each with what it raised.
 
     When the step raises, its rows run again in halves, each as a step of its own; a half
     that fails again is halved again, down to single rows, which are then the culprits
@@ -35,15 +35,14 @@ def execute_contained(
         raise
     except Exception as exc:
         if len(out.seqs) == 1:
-            return [[]], None, [(out.seqs[0], exc)]
+            return StepResult([[]], None), [(out.seqs[0], exc)]
         return _bisect(runner, out, exc)
-    return result.sampled_token_ids, result.logprobs, []
+    return result, []
 
 
 def _bisect(runner: ModelRunner, out: SchedulerOutput, first: Exception):
     n = len(out.seqs)
-    sampled: list[list[int]] = [[] for _ in range(n)]
-    logprobs: list[list[float]] | None = None
+    merged = StepResult([[] for _ in range(n)], None)
     culprits: list[tuple[Sequence, Exception]] = []
     # Copy-on-write copies go with every retry up to the first that succeeds, none after.
     # A copy is `dst <- src`, where `dst` is the copying row's own new block and `src` a
@@ -74,18 +73,13 @@ def _bisect(runner: ModelRunner, out: SchedulerOutput, first: Exception):
                 pending += _halves(rows)
             continue
         copies = []
-        for i, row in enumerate(rows):
-            sampled[row] = result.sampled_token_ids[i]
-        if result.logprobs is not None:
-            logprobs = logprobs or [[] for _ in range(n)]
-            for i, row in enumerate(rows):
-                logprobs[row] = result.logprobs[i]
+        merged.place(result, rows)
     if not culprits:
         logger.warning(
             "a step of %d rows failed (%s: %s), but each of its rows ran when retried",
             n, type(first).__name__, first,
         )  # fmt: skip
-    return sampled, logprobs, culprits
+    return merged, culprits
 
 
 def _halves(rows: list[int]) -> list[list[int]]:

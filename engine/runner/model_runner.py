@@ -32,6 +32,7 @@ from ..core.units import cdiv
 from ..models.attention import AttentionMetadata
 from .block_tables import BlockTables
 from .host_kv import HostKVCache
+from .logits_processors import LogitsProcessors
 from .sampler import Sampler, SamplerOutput, make_generator
 from .staging import Staging
 from .startup import StartupClock
@@ -40,11 +41,14 @@ from .step_graphs import MAX_GRAPH_BATCH, StepGraphs
 logger = logging.getLogger("pagedctl.engine")
 
 GeneratorKey = tuple[str, int]  # (request_id, sample_index)
+PROMPT_LOGPROB_BYTES = 64 * 2**20  # float32 logits a prompt-logprobs chunk holds at once
 
 
 @dataclass
 class StepResult:
-    """Tokens drawn for each row (`[]` for a prefill chunk) and, where asked, their logprobs.
+    """Tokens drawn for each row (`[]` for a prefill chunk) and, where asked, their logprobs
+    and each drawn token's position's most likely tokens (`top_logprobs[row][j]`: (token id,
+    value) pairs, best first).
 
     A beam's row holds its group's number of best candidates instead (token ids, best first),
     with their float32 log-probabilities in `logprobs`.
@@ -52,6 +56,31 @@ class StepResult:
 
     sampled_token_ids: list[list[int]]
     logprobs: list[list[float]] | None
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+    prompt_logprobs: list[PromptLogprobs | None] | None = None
+
+    def place(self, part: StepResult, rows: list[int]) -> None:
+        """Put `part`, the result of a step of this step's `rows`, into those rows."""
+        n = len(self.sampled_token_ids)
+        for name in ("sampled_token_ids", "logprobs", "top_logprobs", "prompt_logprobs"):
+            values = getattr(part, name)
+            if values is None:
+                continue
+            if getattr(self, name) is None:
+                setattr(self, name, [None if name == "prompt_logprobs" else [] for _ in range(n)])
+            mine = getattr(self, name)
+            for i, row in enumerate(rows):
+                mine[row] = values[i]
+
+
+class PromptLogprobs(NamedTuple):
+    """A prefill chunk's prompt logprobs: the log-probability of prompt token `first + i` given
+    those before it (`values[i]`), with the position's most likely tokens (`top[i]`: (token id,
+    log-probability) pairs, best first)."""
+
+    first: int
+    values: list[float]
+    top: list[list[tuple[int, float]]]
 
 
 class Batch(NamedTuple):
@@ -104,6 +133,7 @@ class ModelRunner:
         self.sampler = Sampler(seed)
         self._generators: dict[GeneratorKey, torch.Generator] = {}
         self.staging = Staging(device)
+        self.processors = LogitsProcessors(model.vocab_size, device, self.staging)
         # One block-table row per live sequence; room for a sequence of max_model_len tokens
         # plus the blocks reserved ahead of a fork.
         max_blocks = cdiv(max_model_len, cache.block_size) + 2
@@ -164,9 +194,10 @@ class ModelRunner:
             self.step_counts["eager"] += 1
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         sampled: list[list[int]] = [[] for _ in out.seqs]
+        prompt = self._prompt_logprobs(out, hidden)
         logit_rows = batch.logit_rows
         if not logit_rows:
-            return StepResult(sampled, None)
+            return StepResult(sampled, None, None, prompt)
         seqs = [out.seqs[i] for i in logit_rows]
         counts = [s.num_samples_to_draw for s in seqs]
         last = batch.last_token_index
@@ -178,31 +209,76 @@ class ModelRunner:
                 0, self.staging.to_device(np.array(idx, dtype=np.int64))
             )
         logits = self.model.compute_logits(rows_hidden)
-        params, generators = [], []
+        params, generators, row_seqs = [], [], []
         for seq, k in zip(seqs, counts, strict=True):
             for j in range(k):
                 params.append(seq.sampling_params)
                 generators.append(self._generator(seq, j if k > 1 else seq.sample_index))
+                row_seqs.append(seq)
         beams = [j for j, seq in enumerate(seqs) if seq.beam is not None]
         if len(beams) == len(seqs):  # nothing to sample
             result = SamplerOutput([], None)
         else:
-            result = self.sampler(logits, params, generators)
+            shaped = self.processors.apply(logits, row_seqs)
+            tokens = self.sampler.sample(shaped, params, generators)
+            self.processors.count(tokens, row_seqs)
+            result = self.sampler.result(logits, shaped, params, tokens)
         logprobs: list[list[float]] | None = (
             None if result.logprobs is None and not beams else [[] for _ in out.seqs]
         )
+        top = None if result.top_logprobs is None else [[] for _ in out.seqs]
         pos = 0
         for row, k in zip(logit_rows, counts, strict=True):
             if result.token_ids:
                 sampled[row] = result.token_ids[pos : pos + k]
             if result.logprobs is not None:
                 logprobs[row] = result.logprobs[pos : pos + k]
+            if top is not None:
+                top[row] = result.top_logprobs[pos : pos + k]
             pos += k
         if beams:
             first = np.cumsum([0, *counts])  # each sequence's first row of `logits`
             rows = [(first[j], logit_rows[j], seqs[j].beam.num_candidates) for j in beams]
             self._beam_candidates(logits, rows, sampled, logprobs)
-        return StepResult(sampled, logprobs)
+        return StepResult(sampled, logprobs, top, prompt)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: Tensor) -> list | None:
+        """Each row's `PromptLogprobs` for the prompt positions this step computes (None for
+        rows that do not ask), or None if no row asks. Raw log-probabilities (log_softmax of
+        the model's logits, whatever `logprobs_mode`), `PROMPT_LOGPROB_BYTES` of float32
+        logits at a time."""
+        asked = [
+            i
+            for i, s in enumerate(out.seqs)
+            if s.sampling_params.prompt_logprobs is not None
+            and s.num_computed_tokens < s.num_prompt_tokens - 1
+        ]
+        if not asked:
+            return None
+        firsts = np.cumsum([0, *out.num_new_tokens])
+        result: list[PromptLogprobs | None] = [None] * len(out.seqs)
+        chunk = max(1, PROMPT_LOGPROB_BYTES // (4 * self.model.vocab_size))
+        for i in asked:
+            seq = out.seqs[i]
+            start = seq.num_computed_tokens  # positions start.. predict tokens start + 1..
+            stop = min(start + out.num_new_tokens[i], seq.num_prompt_tokens - 1)
+            k = seq.sampling_params.prompt_logprobs
+            values, top = [], []
+            for a in range(start, stop, chunk):
+                b = min(a + chunk, stop)
+                rows = torch.arange(a - start, b - start, device=hidden.device) + int(firsts[i])
+                lp = torch.log_softmax(
+                    self.model.compute_logits(hidden.index_select(0, rows)).float(), dim=-1
+                )
+                targets = self.staging.to_device(np.asarray(seq.token_ids[a + 1 : b + 1]))
+                values += lp.gather(1, targets[:, None]).squeeze(1).tolist()
+                if k:
+                    best, ids = (t.tolist() for t in lp.topk(k, dim=-1))
+                    top += [list(zip(t, v, strict=True)) for t, v in zip(ids, best, strict=True)]
+                else:
+                    top += [[] for _ in range(b - a)]
+            result[i] = PromptLogprobs(start + 1, values, top)
+        return result
 
     def _beam_candidates(self, logits: Tensor, rows: list, sampled: list, logprobs: list) -> None:
         """Each beam's best candidates by float32 log-softmax (as transformers scores them);
@@ -250,8 +326,9 @@ class ModelRunner:
                 lens.add_(1)
                 slots.copy_(ahead_dev[j - 1])
             step.graph.replay()
-            logits = self.model.compute_logits(step.hidden[:n])
+            logits = self.processors.apply(self.model.compute_logits(step.hidden[:n]), seqs, j)
             tokens = self.sampler.sample(logits, params, generators)
+            self.processors.count(tokens, seqs, j)
             landed[j].copy_(tokens, non_blocking=cuda)
             if cuda:
                 events.append(torch.cuda.Event())
@@ -364,6 +441,7 @@ class ModelRunner:
         self._kv = None
         self.host_kv.close()
         self.tables.clear()
+        self.processors.clear()
 
     # ------------------------------------------------------------------ sampling state
 
@@ -381,3 +459,4 @@ class ModelRunner:
         """Forget a finished sequence: its generator and its block-table row."""
         self._generators.pop((seq.request_id, seq.sample_index), None)
         self.tables.release(seq.seq_id)
+        self.processors.release(seq)

@@ -30,12 +30,16 @@ _CANDIDATES = 64  # largest probabilities looked at first; more (x16 each time) 
 class SamplerOutput:
     """One sampled token per row, and its log-probability where asked.
 
-    `logprobs[r]` is the log-probability of `token_ids[r]` under the raw logits (log_softmax of the
-    unmodified row), NaN for rows whose params did not ask; `logprobs` is None if no row asked.
+    `logprobs[r]` is what row r's `logprobs_mode` reports for `token_ids[r]` (by default its
+    log-probability under the raw logits: log_softmax of the unmodified row), NaN for rows whose
+    params did not ask; `logprobs` is None if no row asked. `top_logprobs[r]` holds the row's
+    `top_logprobs` most likely tokens as (token id, value) pairs, best first, in the same mode
+    (empty for rows that did not ask; None if none did).
     """
 
     token_ids: list[int]
     logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def make_generator(
@@ -66,10 +70,22 @@ class Sampler:
         logits: Tensor,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        processed: Tensor | None = None,
     ) -> SamplerOutput:
-        """Sample row r with `params[r]`, drawing its randomness from `generators[r]`."""
-        tokens = self.sample(logits, params, generators)
-        return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+        """Sample row r with `params[r]`, drawing its randomness from `generators[r]`, from
+        `processed` (the logits after the logits processors) where given, else from `logits`
+        (the model's: what the raw logprobs modes report)."""
+        shaped = logits if processed is None else processed
+        return self.result(logits, shaped, params, self.sample(shaped, params, generators))
+
+    def result(
+        self, logits: Tensor, shaped: Tensor, params: list[SamplingParams], tokens: Tensor
+    ) -> SamplerOutput:
+        """The output of `tokens` drawn from `shaped` (the processed `logits`): the tokens on
+        the host, with the logprobs the rows ask for."""
+        if not any(p.wants_logprobs for p in params):
+            return SamplerOutput(tokens.tolist(), None)
+        return SamplerOutput(tokens.tolist(), *_logprobs(logits, shaped, params, tokens))
 
     def sample(
         self,
@@ -171,7 +187,13 @@ def _needs_head(params: SamplingParams, vocab: int) -> bool:
 
 
 def _sample(logits: Tensor, params: list[SamplingParams], num_heads: int, u: Tensor) -> Tensor:
-    """Temperature, then top-k, top-p (on the first `num_heads` rows), min-p, then inverse CDF.
+    """Temperature, then top-k, top-p (on the first `num_heads` rows), min-p, then inverse CDF."""
+    return _inverse_cdf(_filtered(logits, params, num_heads), u)
+
+
+def _filtered(logits: Tensor, params: list[SamplingParams], num_heads: int) -> Tensor:
+    """The probabilities after temperature, top-k, top-p (on the first `num_heads` rows) and
+    min-p, those filtered out zero (not renormalised).
 
     Every filter keeps the probabilities at or above a per-row threshold, so one pass applies them
     all; ties at a top-k/top-p threshold that would keep too many tokens drop the highest ids.
@@ -192,7 +214,7 @@ def _sample(logits: Tensor, params: list[SamplingParams], num_heads: int, u: Ten
         probs.masked_fill_(probs < threshold[:, None], 0.0)
     if num_heads:
         _drop_surplus_ties(head, keep, last, maybe_tied)
-    return _inverse_cdf(probs, u)
+    return probs
 
 
 def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
@@ -308,14 +330,60 @@ def _drop_surplus_ties(probs: Tensor, keep: Tensor, last: Tensor, maybe_tied: Te
     probs[rows] = sub.masked_fill_(ties & (ties.cumsum(dim=-1) > room[:, None]), 0.0)
 
 
-def _logprobs(logits: Tensor, params: list[SamplingParams], tokens: Tensor) -> list[float] | None:
-    """Raw-logit log-probabilities of the sampled tokens for rows that asked (NaN elsewhere)."""
-    asked = [r for r, p in enumerate(params) if p.logprobs]
-    if not asked:
-        return None
-    rows = _take_rows(logits, asked).float()
-    chosen = rows.gather(1, tokens[asked, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
+def _logprobs(
+    raw: Tensor, shaped: Tensor, params: list[SamplingParams], tokens: Tensor
+) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+    """The sampled tokens' values in each asking row's `logprobs_mode` (NaN elsewhere), and the
+    rows' top tokens where they ask for them.
+
+    raw_logprobs: log_softmax of the model's logits; raw_logits: those logits. processed_*: the
+    distribution sampled from, as vLLM reports it: the logits after the logits processors, and
+    for a sampled row also divided by its temperature with the tokens top-k, top-p and min-p
+    drop at -inf (where a token's probability underflows to 0 after temperature, it counts as
+    dropped); processed_logprobs is their log_softmax.
+    """
+    asked = [r for r, p in enumerate(params) if p.wants_logprobs]
+    values = torch.empty((len(asked), raw.shape[1]), device=raw.device)
+    by_mode: dict[str, list[int]] = {}
+    for i, r in enumerate(asked):
+        by_mode.setdefault(params[r].logprobs_mode, []).append(i)
+    for mode, where in by_mode.items():
+        rows = [asked[i] for i in where]
+        source = raw if mode.startswith("raw") else shaped
+        x = _take_rows(source, rows).float()
+        if mode.startswith("processed"):
+            x = _processed(x, [params[r] for r in rows])
+        if mode.endswith("logprobs"):
+            x = torch.log_softmax(x, dim=-1)
+        values[where] = x
+    chosen = values.gather(1, tokens[asked, None]).squeeze(1)
     out = [math.nan] * len(params)
-    for r, logprob in zip(asked, chosen.tolist(), strict=True):
-        out[r] = logprob
+    for r, value in zip(asked, chosen.tolist(), strict=True):
+        out[r] = value
+    k = max(params[r].top_logprobs for r in asked)
+    if not k:
+        return out, None
+    best, ids = (t.tolist() for t in values.topk(k, dim=-1))
+    top: list[list[tuple[int, float]]] = [[] for _ in params]
+    for i, r in enumerate(asked):
+        n = params[r].top_logprobs
+        top[r] = list(zip(ids[i][:n], best[i][:n], strict=True))
+    return out, top
+
+
+def _processed(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Float32 logits as sampled: greedy rows as they are; sampled rows divided by their
+    temperature, with what top-k, top-p and min-p drop at -inf."""
+    sampled = [r for r, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return logits
+    vocab = logits.shape[1]
+    heads = [r for r in sampled if _needs_head(params[r], vocab)]
+    order = heads + [r for r in sampled if r not in heads]
+    rows = logits[order]
+    probs = _filtered(rows, [params[r] for r in order], len(heads))
+    temperature = torch.tensor([params[r].temperature for r in order], device=logits.device)
+    scaled = torch.where(probs > 0, rows / temperature[:, None], float("-inf"))
+    out = logits.clone()
+    out[order] = scaled
     return out

@@ -26,6 +26,7 @@ from pagedctl.exits import (
 from pagedctl.generate.deadline import Deadline
 from pagedctl.generate.job import GenerateJob, JobExit, JobStopped
 from pagedctl.generate.recipe import JobSettings, load_recipe, merge
+from pagedctl.generate.records import REASONING_PARSERS
 from pagedctl.generate.report import print_spool, report
 from pagedctl.generate.spool import run_spool
 from pagedctl.options import engine_flags, sampling_flags, with_default
@@ -144,6 +145,23 @@ def generate(
         help=with_default("The Ray cluster for --replicas: auto or HOST:PORT.", "a local one"),
         show_default=False,
     ),
+    chat_template: Path | None = typer.Option(
+        None,
+        "--chat-template",
+        help=with_default(
+            "A Jinja chat template file for the chat lines; a line's chat_template wins.",
+            "the model's",
+        ),
+        show_default=False,
+        readable=False,
+    ),
+    reasoning_parser: str | None = typer.Option(
+        None,
+        "--reasoning-parser",
+        help=f"{' or '.join(REASONING_PARSERS)}: split each chat answer's <think> block into "
+        "message.reasoning_content, the rest into message.content (vLLM's parsers).",
+        show_default=False,
+    ),
     sampling: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
 ) -> None:
@@ -177,10 +195,12 @@ def generate(
         "accept_any_model": accept_any_model,
         "replicas": replicas,
         "ray_address": ray_address,
+        "chat_template": chat_template,
+        "reasoning_parser": reasoning_parser,
     }
     try:
         settings = merge(doc, flags, engine or {}, sampling or {})
-    except ValueError as e:  # a duration or a path template
+    except ValueError as e:  # a duration, a path template, the chat template, the parser
         _fail(EXIT_USAGE, str(e), log_format)
     if settings.ray_address is not None and settings.replicas is None:
         _fail(EXIT_USAGE, "--ray-address needs --replicas N", log_format)

@@ -45,24 +45,28 @@ FIELDS: dict[str, str] = {
     "service_tier": "ignored: no effect on the output",
     "priority": "ignored: a batch job runs lines first come, first served",
     "request_id": "ignored: the job's id is custom_id",
+    "echo": "completions: the prompt's text (with logprobs, its tokens') before the completion; "
+    "with max_tokens 0, the prompt alone",
+    "add_generation_prompt": "chat: end the prompt with a new assistant message's header "
+    "(default true)",
+    "continue_final_message": "chat: leave the last message open for the model to continue "
+    "(default false; needs add_generation_prompt false)",
+    "chat_template": "chat: a Jinja chat template for this line, in place of --chat-template's "
+    "or the model's",
+    "chat_template_kwargs": "chat: more variables for the chat template, as an object "
+    '({"enable_thinking": false})',
 }
 # Fields of OpenAI's or vLLM's API that pagedctl does not implement, with the values that leave
 # the output unchanged (null always does): accepted at those, `unsupported_field` otherwise.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-    "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
-    "stream": (False,), "stream_options": (), "top_logprobs": (0,), "echo": (False,),
-    "suffix": ("",), "min_tokens": (0,),
-    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
-    "continue_final_message": (False,), "add_special_tokens": (), "modalities": (["text"],),
-    "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
-    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "structured_outputs": (), "prompt_logprobs": (), "bad_words": ([],),
-    "allowed_token_ids": (), "logits_processors": ([],), "chat_template": (),
-    "chat_template_kwargs": ({},), "mm_processor_kwargs": (), "truncate_prompt_tokens": (),
+    "stream": (False,), "stream_options": (), "suffix": ("",), "add_special_tokens": (),
+    "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (),
+    "web_search_options": (), "guided_json": (), "guided_regex": (), "guided_choice": (),
+    "guided_grammar": (), "structured_outputs": (), "logits_processors": ([],),
+    "mm_processor_kwargs": (), "truncate_prompt_tokens": (),
 }  # fmt: skip
 # Names from other APIs (Hugging Face generate, Anthropic, TGI) that mean an OpenAI field.
 OTHER_NAMES: dict[str, str] = {

@@ -14,6 +14,7 @@ the run with what it wrote kept (75 for a full disk, 74 for another I/O error).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -84,9 +85,9 @@ class JobCounts:
     valid_lines: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
-    pending: dict[str, tuple[int, str]] = field(
+    pending: dict[str, tuple[int, str, str, str | None]] = field(
         default_factory=dict
-    )  # custom_id -> (line, endpoint)
+    )  # custom_id -> (line, endpoint, the answer's role, its echo form)
 
 
 @dataclass
@@ -337,6 +338,12 @@ class GenerateJob:
     def _known_settings(self) -> dict[str, Any]:
         """The manifest's settings that are known before the engine starts."""
         deterministic = {"deterministic": True} if self.settings.engine.get("deterministic") else {}
+        chat: dict[str, str] = {}  # only when set: a manifest of before them still matches
+        if self.settings.chat_template is not None:
+            digest = hashlib.sha256(self.settings.chat_template.encode()).hexdigest()
+            chat["chat_template_sha256"] = digest
+        if self.settings.reasoning_parser is not None:
+            chat["reasoning_parser"] = self.settings.reasoning_parser
         return {
             **deterministic,
             "input_sha256": self.input_sha256,
@@ -345,6 +352,7 @@ class GenerateJob:
                 k: self.settings.sampling[k] for k in sorted(self.settings.sampling)
             },
             "pagedctl": __version__,
+            **chat,
         }
 
     def _manifest(self, engine: Engine) -> dict[str, Any]:
@@ -393,22 +401,29 @@ class GenerateJob:
                 c.skipped += 1
                 continue
             try:
-                request = engine_input(item, defaults)
+                request = engine_input(item, defaults, self.settings.chat_template)
             except FieldError as e:  # the line and the job's defaults together (beam search)
                 record = error_record(item.custom_id, e.code, e.message, item.line_no)
                 store.write(record, ok=False)
                 c.failed += 1
                 continue
-            c.pending[item.custom_id] = (item.line_no, item.endpoint)
+            c.pending[item.custom_id] = (item.line_no, item.endpoint, answer_role(item), item.echo)
             yield request
 
     def _record(self, store: ResultStore, out) -> None:
         c = self.counts
-        line_no, endpoint = c.pending.pop(out.request_id)
+        line_no, endpoint, role, echo = c.pending.pop(out.request_id)
         if out.ok:
             try:
                 record = ok_record(
-                    out.request_id, endpoint, self.engine.model_name, out, self.slot.token_bytes
+                    out.request_id,
+                    endpoint,
+                    self.engine.model_name,
+                    out,
+                    self.slot.token_bytes,
+                    role=role,
+                    reasoning_parser=self.settings.reasoning_parser,
+                    echo=echo,
                 )
             except ValueError as e:  # a bug of ours: report it on the line, keep the job going
                 record, out = None, replace(out, error=str(e), error_code="internal_error")
@@ -592,16 +607,31 @@ def exit_code_for(summary: dict[str, Any]) -> int:
     return EXIT_PARTIAL if summary["errors_total"] else EXIT_OK
 
 
-def engine_input(req: JobRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+def engine_input(
+    req: JobRequest, defaults: dict[str, Any], chat_template: str | None = None
+) -> dict[str, Any]:
     """A validated request as the engine's prompt dict (its sampling defaults filled in; a beam
-    search's BeamSearchParams). Raises FieldError for a line its defaults make impossible (a
-    beam search under default stop strings)."""
+    search's BeamSearchParams; a chat's template options under "chat", `chat_template` the
+    job's template unless the line gives its own). Raises FieldError for a line its defaults
+    make impossible (a beam search under default stop strings)."""
     params = engine_params(req.sampling, defaults)
     item: dict[str, Any] = {"request_id": req.custom_id, "sampling_params": params}
     if req.messages is not None:
         item["messages"] = req.messages
+        chat = {"chat_template": chat_template} if chat_template is not None else {}
+        chat.update(req.chat or {})
+        if chat:
+            item["chat"] = chat
     elif req.prompt is not None:
         item["prompt"] = req.prompt
     else:
         item["prompt_token_ids"] = req.prompt_token_ids
     return item
+
+
+def answer_role(req: JobRequest) -> str:
+    """The role of a chat line's answer as vLLM names it: "assistant", or without a generation
+    prompt the last message's role (the message the model continues)."""
+    if req.messages is None or (req.chat or {}).get("add_generation_prompt", True):
+        return "assistant"
+    return req.messages[-1]["role"]

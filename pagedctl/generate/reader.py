@@ -39,6 +39,8 @@ from pagedctl.generate.validate import (
     check_model,
     is_int,
     is_text,
+    parse_chat_options,
+    parse_echo,
     parse_messages,
     parse_prompt,
     parse_sampling,
@@ -72,6 +74,7 @@ ENGINE_ERROR_CODES: dict[str, str] = {
     "context_length_exceeded": "the prompt plus max_tokens is over the engine's max_model_len",
     "prompt_too_long": "the prompt alone leaves no room within max_model_len or the KV pool",
     "empty_prompt": "the prompt renders to no token",
+    "chat_template_failed": "the chat template raised an error on these messages and options",
     "token_out_of_vocab": "a token id is outside the model's vocabulary",
     "no_tokenizer": "text or stop strings given to a model without a tokenizer",
     "no_chat_template": "messages given to a model without a chat template",
@@ -110,7 +113,8 @@ class ReaderLimits:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """One valid input line; `sampling` holds only the fields the line gave, plus max_tokens."""
+    """One valid input line; `sampling` holds only the fields the line gave, plus max_tokens;
+    `chat` the chat-template fields a chat line gave (`validate.parse_chat_options`), or None."""
 
     line_no: int
     custom_id: str
@@ -119,6 +123,8 @@ class JobRequest:
     prompt: str | None
     prompt_token_ids: list[int] | None
     sampling: dict
+    chat: dict | None = None
+    echo: str | None = None  # `validate.parse_echo`: "echo", "prompt_only" or None
 
 
 @dataclass(frozen=True)
@@ -367,7 +373,9 @@ def _request(line_no: int, cid: str, obj: dict, openai: bool, limits: ReaderLimi
         default_max_tokens=limits.default_max_tokens,
         max_n=limits.max_n,
     )
-    return JobRequest(line_no, cid, endpoint, messages, prompt, ids, sampling)
+    chat = parse_chat_options(body, endpoint)
+    echo = parse_echo(body, endpoint)
+    return JobRequest(line_no, cid, endpoint, messages, prompt, ids, sampling, chat, echo)
 
 
 def _openai_envelope(obj: dict) -> tuple[dict, str]:

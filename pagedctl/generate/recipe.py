@@ -14,6 +14,7 @@ from typing import Any
 
 from pagedctl.engine import SAMPLING_FIELDS, ConfigError, canonical_settings
 from pagedctl.generate.deadline import parse_duration
+from pagedctl.generate.records import REASONING_PARSERS
 from pagedctl.generate.templates import fields_of
 from pagedctl.generate.validate import FieldError, check_max_tokens
 from pagedctl.recipe_file import RecipeError, read_recipe
@@ -34,6 +35,8 @@ JOB_KEYS = (
     "accept_any_model",
     "replicas",
     "ray_address",
+    "chat_template",
+    "reasoning_parser",
 )
 
 
@@ -58,6 +61,8 @@ class JobSettings:
     accept_any_model: bool = False
     replicas: int | None = None  # engines on a Ray cluster; None: this process's own
     ray_address: str | None = None  # the cluster to join; None: a local one (or RAY_ADDRESS)
+    chat_template: str | None = None  # the text of the chat lines' template; None: the model's
+    reasoning_parser: str | None = None  # splits chat answers' <think> blocks (records.py)
 
 
 def load_recipe(path: Path) -> dict[str, Any]:
@@ -122,6 +127,8 @@ _JOB_TYPES = {
     "accept_any_model": lambda v: isinstance(v, bool),
     "replicas": _positive_int,
     "ray_address": lambda v: isinstance(v, str) and bool(v),
+    "chat_template": lambda v: isinstance(v, str) and bool(v),
+    "reasoning_parser": lambda v: v in REASONING_PARSERS,
 }
 _JOB_WANTS = {
     **dict.fromkeys(("input", "output", "errors", "summary_json"), "a path"),
@@ -133,6 +140,8 @@ _JOB_WANTS = {
     "accept_any_model": "true or false",
     "replicas": "an integer >= 1",
     "ray_address": "auto or HOST:PORT",
+    "chat_template": "the path of a Jinja template file",
+    "reasoning_parser": " or ".join(REASONING_PARSERS),
 }
 
 
@@ -145,7 +154,8 @@ def merge(
 ) -> JobSettings:
     """Settings from a checked recipe, then the flags that were given (None means not given),
     the engine flags and the sampling flags that were given (by field name). ValueError for a
-    duration or a path template that cannot be used."""
+    duration or a path template that cannot be used, a chat template file that cannot be read,
+    or an unknown reasoning parser."""
     s = JobSettings()
     if recipe.get("model") is not None:
         s.engine["model"] = str(recipe["model"])
@@ -170,9 +180,30 @@ def merge(
             setattr(s, key, int(value))
         elif key in ("accept_any_model", "ray_address"):
             setattr(s, key, value)
+        elif key == "chat_template":
+            s.chat_template = read_chat_template(Path(str(value)).expanduser())
+        elif key == "reasoning_parser":
+            if value not in REASONING_PARSERS:
+                raise ValueError(
+                    f"--reasoning-parser must be {' or '.join(REASONING_PARSERS)}, got {value!r}"
+                )
+            s.reasoning_parser = value
         else:
             raise AssertionError(f"unmapped setting {key}")
     for key in TEMPLATE_KEYS:
         if getattr(s, key) is not None:
             fields_of(str(getattr(s, key)))  # a TemplateError (ValueError) before anything runs
     return s
+
+
+def read_chat_template(path: Path) -> str:
+    """The text of a chat template file; ValueError for one that is missing, unreadable, not
+    UTF-8 or empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"cannot read the chat template {path}: {why}") from None
+    if not text.strip():
+        raise ValueError(f"the chat template {path} is empty")
+    return text

@@ -5,6 +5,8 @@ Each check returns the field in the form the engine takes, or raises FieldError 
 
 Choices worth knowing:
 - A completion `prompt` is a string, a list of token ids, or a one-element list of either.
+- The chat-template fields (`CHAT_FIELDS`) belong to chat lines: a completions line may carry
+  them at their defaults only. The engine renders the template with them (`parse_chat_options`).
 - Text content parts are joined with newlines (as vLLM). `max_completion_tokens` is an alias of
   `max_tokens`; top_k -1 means off (0); an integer completions `logprobs` (0 or 1) means true.
 - An integer field (`fields.INTEGER_FIELDS`) given as a float with no fractional part (4.0) is
@@ -37,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedctl.engine import (
+    MAX_LOGPROBS,
     MIN_MAX_TOKENS,
     SAMPLING_FIELDS,
     BeamSearchParams,
@@ -57,6 +60,8 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOP = 16
 MAX_TOKEN_ID = 2**31 - 1
 MAX_SALT = 256
+MAX_BIAS = 1024  # token ids a line's logit_bias may list
+MAX_BIAS_VALUE = 100.0
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -113,6 +118,44 @@ def _content(value: Any, i: int) -> str:
             )
         texts.append(text)
     return "\n".join(texts)
+
+
+# The chat-template fields of a line, each at the value that leaves a prompt as the model's
+# template makes it by default (the engine's `chat` options: vLLM's fields and defaults).
+CHAT_FIELDS: dict[str, Any] = {
+    "add_generation_prompt": True,
+    "continue_final_message": False,
+    "chat_template": "",
+    "chat_template_kwargs": {},
+}
+_KINDS = {bool: "true or false", str: "a string", dict: "an object"}
+
+
+def parse_chat_options(body: dict, endpoint: str) -> dict | None:
+    """The chat-template fields the body gave, as the engine's `chat` options (None for none;
+    an empty chat_template is none: the job's or the model's template is used, as in vLLM).
+
+    FieldError `invalid_field` for a value of the wrong type, and for one on a completions line
+    other than the default (a template applies to messages only). Whether the options go
+    together (not both add_generation_prompt and continue_final_message) and the keys of
+    chat_template_kwargs are the engine's to check, with the tokenizer at hand.
+    """
+    given = {k: body[k] for k in CHAT_FIELDS if body.get(k) is not None}
+    for key, value in given.items():
+        kind = type(CHAT_FIELDS[key])
+        if not isinstance(value, kind) or (kind is str and not is_text(value)):
+            raise FieldError("invalid_field", f"{key} must be {_KINDS[kind]}, got {show(value)}")
+    if endpoint != "chat":
+        for key, value in given.items():
+            if not _same(value, CHAT_FIELDS[key]):
+                raise FieldError(
+                    "invalid_field",
+                    f"{key} applies to chat lines (messages) only; remove it from this "
+                    "completions line",
+                )
+        return None
+    options = {k: v for k, v in given.items() if k != "chat_template" or v}
+    return options or None
 
 
 def parse_prompt(value: Any) -> tuple[str | None, list[int] | None]:
@@ -208,6 +251,8 @@ def parse_sampling(
     OpenAI refuses it); the default one is a cap (a long prompt gets what the model has left).
     """
     body = _integers(body, endpoint)
+    if parse_echo(body, endpoint) == "prompt_only":  # max_tokens 0: one token drawn, not shown
+        body = {**body, **{k: 1 for k in _MAX_TOKENS if body.get(k) == 0}}
     beam = _use_beam_search(body.get("use_beam_search"))
     s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
     if any(body.get(k) is not None for k in _MAX_TOKENS):
@@ -233,7 +278,13 @@ def parse_sampling(
                     f"remove {key}",
                 )
     if body.get("logprobs") is not None:
-        s["logprobs"] = _logprobs(body["logprobs"], endpoint)
+        s["logprobs"], top = _logprobs(body["logprobs"], endpoint)
+        if top > 1 or (top and not beam):  # a beam's hypotheses carry their own tokens'
+            s["top_logprobs"] = top
+    _top_logprobs(s, body, endpoint)
+    echo = parse_echo(body, endpoint)
+    if echo and s.get("logprobs"):  # the prompt's tokens carry logprobs too (as vLLM)
+        s["prompt_logprobs"] = max(s.get("prompt_logprobs") or 0, s.get("top_logprobs", 0))
     if beam:
         s["use_beam_search"] = True
     try:
@@ -371,17 +422,52 @@ def _best_of(value: Any, n: int, beam: bool) -> None:
     raise FieldError("invalid_field", f"best_of must be an integer >= n ({n}), got {show(value)}")
 
 
-def _logprobs(value: Any, endpoint: str) -> bool:
-    if is_int(value) and value > 1 and endpoint == "completion":
-        raise FieldError(
-            "unsupported_field", "logprobs > 1 is not supported: use 0 or 1 (sampled token)"
-        )
+def _logprobs(value: Any, endpoint: str) -> tuple[bool, int]:
+    """A line's `logprobs` as (the sampled tokens' logprobs, how many top tokens): chat's true
+    or false; completions' integer N (the sampled token's and the N most likely, as OpenAI's
+    completions), or true (the sampled token's) or false."""
     if isinstance(value, bool):
-        return value
-    if is_int(value) and value >= 0 and endpoint == "completion":
-        return True  # 0 or 1: the sampled token's logprob, which is what we return
-    allowed = "true or false" if endpoint == "chat" else "0, 1, true or false"
+        return value, 0
+    if is_int(value) and 0 <= value <= MAX_LOGPROBS and endpoint == "completion":
+        return True, value
+    allowed = "true or false" if endpoint == "chat" else f"an integer in 0..{MAX_LOGPROBS}"
     raise FieldError("invalid_field", f"logprobs must be {allowed}, got {show(value)}")
+
+
+def _top_logprobs(s: dict, body: dict, endpoint: str) -> None:
+    """Chat's `top_logprobs` needs `logprobs: true` (OpenAI refuses it without); completions
+    give the number as `logprobs` instead."""
+    if body.get("top_logprobs") is None or "top_logprobs" not in s:
+        return
+    if endpoint == "completion":
+        raise FieldError(
+            "unsupported_field",
+            "top_logprobs is a chat field; a completions line asks for N top tokens with "
+            '"logprobs": N',
+        )
+    if s["top_logprobs"] and not s.get("logprobs"):
+        raise FieldError("invalid_field", 'top_logprobs needs "logprobs": true')
+
+
+ECHO_FORMS = ("echo", "prompt_only")
+
+
+def parse_echo(body: dict, endpoint: str) -> str | None:
+    """Completions' `echo`: "echo" (the prompt's text, and with logprobs its tokens', before
+    the completion's), "prompt_only" (with `max_tokens: 0`: the prompt alone, OpenAI's scoring
+    form; the engine draws one token, which the record leaves out, as vLLM) or None. Chat
+    lines may give it false only."""
+    value = body.get("echo")
+    if value is None or value is False:
+        return None
+    if not isinstance(value, bool):
+        raise FieldError("invalid_field", f"echo must be true or false, got {show(value)}")
+    if endpoint == "chat":
+        raise FieldError(
+            "unsupported_field", "echo is supported on completions lines; remove it from chat"
+        )
+    zero = any(is_int(v := as_int(body.get(k))) and v == 0 for k in _MAX_TOKENS)
+    return "prompt_only" if zero else "echo"
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -424,6 +510,21 @@ def _keep(v: Any) -> Any:
     return v
 
 
+def _is_bias(v: Any) -> bool:
+    """An OpenAI `logit_bias`: token ids (JSON keys: decimal strings) to finite numbers."""
+    if not isinstance(v, dict) or len(v) > MAX_BIAS:
+        return False
+    return all(
+        isinstance(k, str) and k.isascii() and k.isdigit() and int(k) <= MAX_TOKEN_ID and _is_num(b)
+        for k, b in v.items()
+    )
+
+
+def _clamped_bias(v: dict) -> dict[int, float]:
+    """Each bias clamped to [-100, 100], as OpenAI's and vLLM's servers clamp them."""
+    return {int(k): min(max(float(b), -MAX_BIAS_VALUE), MAX_BIAS_VALUE) for k, b in v.items()}
+
+
 # The line forms of their own: where a line takes more than the engine (top_k -1, vLLM's "off")
 # or less (a few stop strings, 64-bit seeds, token ids, salts of bounded length): field -> (what
 # is allowed, check, the engine's value of it).
@@ -438,6 +539,12 @@ _LINE_FORMS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] 
                        and all(_is_token(t) for t in v), _keep),
     "cache_salt": (f"a non-empty string of up to {MAX_SALT} characters",
                    lambda v: isinstance(v, str) and 0 < len(v) <= MAX_SALT and is_text(v), _keep),
+    "logit_bias": (f"an object of up to {MAX_BIAS} token ids (as strings) to numbers",
+                   _is_bias, _clamped_bias),
+    "allowed_token_ids": ("a non-empty list of token ids (ints >= 0)", lambda v: isinstance(
+                          v, list) and v and all(_is_token(t) for t in v), _keep),
+    "bad_words": (f"a non-empty string or a list of up to {MAX_STOP} of them", _is_stop,
+                  lambda v: [v] if isinstance(v, str) else v),
 }  # fmt: skip
 # Fields checked by code of their own: the job's limits (max_tokens, n), the endpoint's forms.
 _OWN_CHECKS = ("max_tokens", "n", "logprobs")
@@ -471,5 +578,6 @@ def accepted(name: str) -> str:
     return {
         "max_tokens": "an integer in 1..max_model_len",
         "n": "an integer in 1..16",
-        "logprobs": "chat: true or false; completions: 0, 1, true or false",
+        "logprobs": f"chat: true or false; completions: an integer in 0..{MAX_LOGPROBS}, true "
+        "or false",
     }[name]
