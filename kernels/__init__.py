@@ -401,10 +401,32 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
     return reference.sample_temperature(logits, temperature, u)
 
 
+def apply_penalties(
+    logits: Tensor,
+    rows: Tensor,
+    pool: Tensor,
+    counts: Tensor,
+    prompt: Tensor,
+    repetition: Tensor,
+    frequency: Tensor,
+    presence: Tensor,
+) -> None:
+    """Repetition, frequency and presence penalties in place on float32 logits rows, from
+    per-sequence output counts and prompt masks; contract in `kernels.reference`."""
+    args = (logits, rows, pool, counts, prompt, repetition, frequency, presence)
+    if _use_triton(logits):
+        with _needs_triton():
+            from .triton_sample import apply_penalties as triton_apply_penalties
+
+        return triton_apply_penalties(*args)
+    return reference.apply_penalties(*args)
+
+
 __all__ = [
     "JitClock",
     "PagedBatch",
     "QuantizedWeight",
+    "apply_penalties",
     "batch_invariant_serves",
     "empty_kv_cache",
     "graph_capturable",

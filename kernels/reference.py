@@ -311,3 +311,28 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
     total = cdf[:, -1:]
     target = torch.minimum(u[:, None].double() * total, torch.nextafter(total, total.new_zeros(())))
     return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+
+def apply_penalties(
+    logits: Tensor,
+    rows: Tensor,
+    pool: Tensor,
+    counts: Tensor,
+    prompt: Tensor,
+    repetition: Tensor,
+    frequency: Tensor,
+    presence: Tensor,
+) -> None:
+    """In place on float32 `logits` `[R, V]`: row `rows[i]` penalized by pool row `pool[i]` of
+    `counts` (int32 `[pool, V]`, the output's token counts) and `prompt` (bool `[pool, V]`):
+    where the prompt or the output holds a token, a positive logit is divided by
+    `repetition[i]` and a negative one multiplied by it; then `frequency[i] * count` and
+    `presence[i] * (count > 0)` are subtracted (vLLM's rule)."""
+    c = counts.index_select(0, pool)
+    held = c > 0
+    seen = held | prompt.index_select(0, pool)
+    x = logits.index_select(0, rows)
+    rep = repetition[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - frequency[:, None] * c - presence[:, None] * held
+    logits.index_copy_(0, rows, x)

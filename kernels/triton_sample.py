@@ -109,3 +109,51 @@ def sample_temperature(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
         num_chunks, CHUNK=CHUNK, CHUNKS_PAD=triton.next_power_of_2(num_chunks), num_warps=8,
     )  # fmt: skip
     return out
+
+
+_PENALTY_BLOCK = 2048  # vocabulary entries a program penalizes
+
+
+def apply_penalties(
+    logits: Tensor,
+    rows: Tensor,
+    pool: Tensor,
+    counts: Tensor,
+    prompt: Tensor,
+    repetition: Tensor,
+    frequency: Tensor,
+    presence: Tensor,
+) -> None:
+    """`kernels.reference.apply_penalties` in one pass over the rows' logits, counts and prompt
+    masks (each element read once, the logit written once)."""
+    n, vocab = rows.shape[0], logits.shape[1]
+    if not n:
+        return
+    grid = (n, triton.cdiv(vocab, _PENALTY_BLOCK))
+    _penalize[grid](
+        logits, rows, pool, counts, prompt.view(torch.uint8), repetition, frequency, presence,
+        logits.stride(0), counts.stride(0), prompt.stride(0), vocab, BLOCK=_PENALTY_BLOCK,
+    )  # fmt: skip
+
+
+@triton.jit
+def _penalize(
+    x_ptr, rows_ptr, pool_ptr, c_ptr, p_ptr, rep_ptr, freq_ptr, pres_ptr,
+    stride_x, stride_c, stride_p, vocab, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < vocab
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    slot = tl.load(pool_ptr + i).to(tl.int64)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
+    c = tl.load(c_ptr + slot * stride_c + cols, mask=ok, other=0)
+    seen = (c > 0) | (tl.load(p_ptr + slot * stride_p + cols, mask=ok, other=0) != 0)
+    rep = tl.load(rep_ptr + i)
+    x = tl.where(seen, tl.where(x > 0, x / rep, x * rep), x)
+    x = (
+        x
+        - tl.load(freq_ptr + i) * c.to(tl.float32)
+        - tl.load(pres_ptr + i) * (c > 0).to(tl.float32)
+    )
+    tl.store(x_ptr + row * stride_x + cols, x, mask=ok)

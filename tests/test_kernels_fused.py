@@ -399,6 +399,54 @@ def test_launch_shapes_cover_sizes_with_masks() -> None:
     assert tf.silu_and_mul_launch(4864)["BLOCK"] == tf.MAX_TILE
 
 
+# --- penalties -------------------------------------------------------------------------------
+
+
+def _penalty_case(vocab: int, device: str = "cpu") -> tuple:
+    """Logits of 5 rows, 3 of them penalized (out of order) from pool rows of random counts and
+    prompt masks, penalties of both signs and strengths."""
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(5, vocab, generator=gen) * 4).to(device)
+    counts = torch.randint(0, 4, (6, vocab), generator=gen, dtype=torch.int32)
+    counts *= torch.rand(6, vocab, generator=gen) < 0.1  # most tokens never came
+    prompt = torch.rand(6, vocab, generator=gen) < 0.05
+    rows, pool = torch.tensor([4, 0, 2]), torch.tensor([5, 1, 3])
+    rep, freq = torch.tensor([1.3, 0.7, 1.0]), torch.tensor([0.5, -1.0, 0.0])
+    pres = torch.tensor([0.0, 1.5, -2.0])
+    args = (rows, pool, counts, prompt, rep, freq, pres)
+    return logits, tuple(a.to(device) for a in args)
+
+
+@interp
+@pytest.mark.parametrize("vocab", [300, 4099])
+def test_interp_apply_penalties_matches_reference(vocab: int) -> None:
+    """The Triton penalties on rows out of order, a ragged last block, rows left alone."""
+    from pagedctl.kernels import triton_sample
+
+    logits, args = _penalty_case(vocab)
+    want = logits.clone()
+    reference.apply_penalties(want, *args)
+    got = logits.clone()
+    triton_sample.apply_penalties(got, *args)
+    assert torch.equal(got[[1, 3]], logits[[1, 3]]) and not torch.equal(want, logits)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@compiled
+def test_reference_penalties_are_vllms_rule() -> None:
+    """One row by hand: repetition on prompt or output tokens by sign, then the frequency and
+    presence subtractions on output tokens only."""
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0]])
+    counts = torch.tensor([[0, 0, 3, 1, 0]], dtype=torch.int32)
+    prompt = torch.tensor([[True, True, False, False, False]])
+    one = torch.tensor([0])
+    reference.apply_penalties(
+        logits, one, one, counts, prompt, torch.tensor([2.0]), torch.tensor([0.5]),
+        torch.tensor([0.25]),
+    )  # fmt: skip
+    assert logits[0].tolist() == [1.0, -4.0, 1.0 - 1.5 - 0.25, -4.0 - 0.5 - 0.25, 1.0]
+
+
 # --- CUDA ------------------------------------------------------------------------------------
 
 
@@ -510,3 +558,12 @@ def test_gpu_cuda_graph_capture_and_replay() -> None:
         tf.rotary(q_in, k_in, cos, sin, pos)
         assert torch.equal(qkv, qkv_in)
         check_rms_norm(outs[0], reference.rms_norm(x, weight, EPS, r)[0])
+
+
+@gpu
+def test_gpu_apply_penalties_matches_reference() -> None:
+    logits, args = _penalty_case(151_936, "cuda")
+    want = logits.clone()
+    reference.apply_penalties(want, *args)
+    kernels.apply_penalties(logits, *args)
+    torch.testing.assert_close(logits, want, rtol=1e-6, atol=1e-6)

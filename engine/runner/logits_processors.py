@@ -23,14 +23,35 @@ Everything runs as torch operations on the logits' device, in float32: the CPU p
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 from torch import Tensor
 
+from ... import kernels
 from ..core.sequence import Sequence
 from .staging import Staging
 
 _POOL_GROWTH = 8  # pool rows added at a time
+
+
+@dataclass
+class _Plan:
+    """What a batch of sequences (in row order) needs each step, on the device where it does
+    not change from step to step: made when the batch's sequences change, reused while they
+    do not (a decode window's steps, decode steps of an unchanged batch)."""
+
+    key: tuple[int, ...]
+    shaped: bool
+    allowed: tuple[Tensor, Tensor] | None = None  # rows, and their kept tokens' mask
+    bias: tuple[Tensor, Tensor] | None = None  # (2, n) rows and tokens, and the biases
+    penalized: list[int] = field(default_factory=list)  # rows
+    penalties: tuple[Tensor, ...] = ()  # rows, repetition, frequency, presence
+    pool: Tensor | None = None  # the penalized rows' pool rows
+    bad_words: list[int] = field(default_factory=list)  # rows
+    min_tokens: list[int] = field(default_factory=list)  # rows
+    counted: list[int] = field(default_factory=list)  # penalized rows drawing their own token
 
 
 class LogitsProcessors:
@@ -45,6 +66,7 @@ class LogitsProcessors:
         self._free: list[int] = []
         self._counts = torch.zeros((0, vocab_size), dtype=torch.int32, device=device)
         self._prompt = torch.zeros((0, vocab_size), dtype=torch.bool, device=device)
+        self._plan: _Plan | None = None
 
     @property
     def pool_bytes(self) -> int:
@@ -55,44 +77,37 @@ class LogitsProcessors:
         """Row r of `logits` ([rows, vocab]) shaped by `seqs[r]`'s fields, as if its output held
         `offset` more tokens than the host has seen (a window's later steps). Returns `logits`
         itself where no row has such a field, else a float32 copy."""
-        shaped = [r for r, s in enumerate(seqs) if s.sampling_params.shapes_logits]
-        if not shaped:
+        plan = self._plan_of(seqs)
+        if not plan.shaped:
             return logits
         logits = logits.clone() if logits.dtype == torch.float32 else logits.float()
-        masked: list[tuple[int, int]] = []  # (row, token) to -inf
-        allowed_rows: list[int] = []
-        allowed: list[tuple[int, int]] = []  # (index into allowed_rows, token) to keep
-        biased: list[tuple[int, int, float]] = []
-        penalized: list[int] = []
-        for r in shaped:
-            seq = seqs[r]
-            p = seq.sampling_params
-            if p.allowed_token_ids:
-                allowed += [(len(allowed_rows), t) for t in p.allowed_token_ids]
-                allowed_rows.append(r)
-            if p.bad_words:
-                masked += [(r, t) for t in banned_tokens(p.bad_words_token_ids, seq)]
-            if seq.num_output_tokens + offset < p.min_tokens:
-                masked += [(r, t) for t in stop_tokens(seq)]
-            biased += [(r, t, b) for t, b in p.logit_bias]
-            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
-                penalized.append(r)
-        if allowed_rows:
-            keep = torch.zeros((len(allowed_rows), self.vocab_size), dtype=torch.bool)
-            at = np.array(allowed, dtype=np.int64).T
-            keep[at[0], at[1]] = True
-            rows = self._index(allowed_rows)
-            logits[rows] = logits[rows].masked_fill_(~keep.to(self.device), float("-inf"))
+        if plan.allowed is not None:
+            rows, keep = plan.allowed
+            logits[rows] = logits[rows].masked_fill_(~keep, float("-inf"))
+        masked = [
+            (r, t)
+            for r in plan.bad_words
+            for t in banned_tokens(seqs[r].sampling_params.bad_words_token_ids, seqs[r])
+        ]
+        masked += [
+            (r, t)
+            for r in plan.min_tokens
+            if seqs[r].num_output_tokens + offset < seqs[r].sampling_params.min_tokens
+            for t in stop_tokens(seqs[r])
+        ]
         if masked:
             at = self._index(np.array(masked, dtype=np.int64).T.ravel()).view(2, -1)
             logits.index_put_((at[0], at[1]), torch.tensor(float("-inf"), device=self.device))
-        if biased:
-            rows_tokens = np.array([(r, t) for r, t, _ in biased], dtype=np.int64).T.ravel()
-            at = self._index(rows_tokens).view(2, -1)
-            values = self._floats([b for _, _, b in biased])
+        if plan.bias is not None:
+            at, values = plan.bias
             logits.index_put_((at[0], at[1]), values, accumulate=True)
-        if penalized:
-            self._penalize(logits, [(r, seqs[r]) for r in penalized], offset)
+        if plan.penalized:
+            for r in plan.penalized:
+                self._row(seqs[r], offset)  # filled again where it does not count the tokens
+            kernels.apply_penalties(
+                logits, plan.penalties[0], plan.pool, self._counts, self._prompt,
+                *plan.penalties[1:],
+            )  # fmt: skip
         return logits
 
     def count(self, tokens: Tensor, seqs: list[Sequence], offset: int = 0) -> None:
@@ -100,17 +115,16 @@ class LogitsProcessors:
         counts, for the rows that draw their sequence's own next token (`seqs[r]` once in
         `seqs`; a row of a prompt's n samples belongs to a sample not forked yet, which fills
         its own row later)."""
-        once = {}
-        for r, seq in enumerate(seqs):
-            once[seq.seq_id] = None if seq.seq_id in once else r
-        rows = [r for r in once.values() if r is not None and seqs[r].seq_id in self._rows]
+        plan = self._plan_of(seqs)
         rows = [
-            r for r in rows if self._counted[seqs[r].seq_id] == seqs[r].num_output_tokens + offset
+            r
+            for r in plan.counted
+            if self._counted.get(seqs[r].seq_id) == seqs[r].num_output_tokens + offset
         ]
         if not rows:
             return
         pool = self._index([self._rows[seqs[r].seq_id] for r in rows])
-        drawn = tokens.index_select(0, self._index(rows))
+        drawn = tokens if len(rows) == len(tokens) else tokens.index_select(0, self._index(rows))
         ones = torch.ones(len(rows), dtype=torch.int32, device=self.device)
         self._counts.index_put_((pool, drawn), ones, accumulate=True)
         for r in rows:
@@ -122,52 +136,84 @@ class LogitsProcessors:
         if row is not None:
             del self._counted[seq.seq_id]
             self._free.append(row)
+        if self._plan is not None and seq.seq_id in self._plan.key:
+            self._plan = None
 
     def clear(self) -> None:
         """Forget every sequence and free the pools."""
         self._rows.clear()
         self._counted.clear()
         self._free.clear()
+        self._plan = None
         self._counts = self._counts[:0]
         self._prompt = self._prompt[:0]
 
-    # ------------------------------------------------------------------ penalties
+    # ------------------------------------------------------------------ the batch's plan
 
-    def _penalize(self, logits: Tensor, rows: list[tuple[int, Sequence]], offset: int) -> None:
-        pool = [self._row(seq, offset) for _, seq in rows]
-        at = self._index(pool)
-        counts = self._counts.index_select(0, at)
-        held = counts > 0
-        params = [seq.sampling_params for _, seq in rows]
-        every = len(rows) == logits.shape[0]
-        index = None if every else self._index([r for r, _ in rows])
-        x = logits if every else logits.index_select(0, index)
-        if any(p.repetition_penalty != 1 for p in params):
-            seen = held | self._prompt.index_select(0, at)
-            rep = self._floats([p.repetition_penalty for p in params])[:, None]
-            x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-        if any(p.frequency_penalty for p in params):
-            x = x - self._floats([p.frequency_penalty for p in params])[:, None] * counts
-        if any(p.presence_penalty for p in params):
-            x = x - self._floats([p.presence_penalty for p in params])[:, None] * held
-        if every:
-            logits.copy_(x)
-        else:
-            logits.index_copy_(0, index, x)
+    def _plan_of(self, seqs: list[Sequence]) -> _Plan:
+        key = tuple(s.seq_id for s in seqs)
+        if self._plan is None or self._plan.key != key:
+            self._plan = self._make_plan(key, seqs)
+        return self._plan
 
-    def _row(self, seq: Sequence, offset: int) -> int:
-        """`seq`'s pool row, filled from its tokens where it does not count them (module
-        docstring); at a window's later steps (`offset` > 0) it always does."""
+    def _make_plan(self, key: tuple[int, ...], seqs: list[Sequence]) -> _Plan:
+        shaped = [r for r, s in enumerate(seqs) if s.sampling_params.shapes_logits]
+        plan = _Plan(key, bool(shaped))
+        allowed_rows, allowed, biased = [], [], []
+        once: dict[int, int | None] = {}
+        for r, seq in enumerate(seqs):
+            once[seq.seq_id] = None if seq.seq_id in once else r
+        for r in shaped:
+            p = seqs[r].sampling_params
+            if p.allowed_token_ids:
+                allowed += [(len(allowed_rows), t) for t in p.allowed_token_ids]
+                allowed_rows.append(r)
+            if p.bad_words:
+                plan.bad_words.append(r)
+            if p.min_tokens:
+                plan.min_tokens.append(r)
+            biased += [(r, t, b) for t, b in p.logit_bias]
+            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
+                plan.penalized.append(r)
+                if once[seqs[r].seq_id] == r:
+                    plan.counted.append(r)
+        if allowed_rows:
+            keep = torch.zeros((len(allowed_rows), self.vocab_size), dtype=torch.bool)
+            at = np.array(allowed, dtype=np.int64).T
+            keep[at[0], at[1]] = True
+            plan.allowed = (self._index(allowed_rows), keep.to(self.device))
+        if biased:
+            rows_tokens = np.array([(r, t) for r, t, _ in biased], dtype=np.int64).T.ravel()
+            at = self._index(rows_tokens).view(2, -1)
+            plan.bias = (at, self._floats([b for _, _, b in biased]))
+        if plan.penalized:
+            params = [seqs[r].sampling_params for r in plan.penalized]
+            plan.penalties = (
+                self._index(plan.penalized),
+                self._floats([p.repetition_penalty for p in params]),
+                self._floats([p.frequency_penalty for p in params]),
+                self._floats([p.presence_penalty for p in params]),
+            )
+            plan.pool = self._index([self._row(seqs[r], 0, fill=False) for r in plan.penalized])
+        return plan
+
+    # ------------------------------------------------------------------ the pools
+
+    def _row(self, seq: Sequence, offset: int, fill: bool = True) -> int:
+        """`seq`'s pool row (taken if it has none), filled from its tokens where it does not
+        count them (module docstring); at a window's later steps (`offset` > 0) it always does.
+        `fill=False` only takes the row (a plan being made: `apply` fills it)."""
         row = self._rows.get(seq.seq_id)
-        expected = seq.num_output_tokens + offset
-        if row is not None and self._counted[seq.seq_id] == expected:
-            return row
-        assert offset == 0, "a window's sequence has its counts from its first step"
         if row is None:
             row = self._rows[seq.seq_id] = self._take()
-        out = self._index(seq.output_token_ids) if seq.num_output_tokens else None
+            self._counted[seq.seq_id] = -1  # counts nothing yet
+        expected = seq.num_output_tokens + offset
+        if not fill or self._counted[seq.seq_id] == expected:
+            return row
+        assert offset == 0, "a window's sequence has its counts from its first step"
         self._counts[row].zero_()
-        if out is not None:
+        if seq.num_output_tokens:
+            out = self._index(seq.output_token_ids)
             self._counts[row].index_add_(
                 0, out, torch.ones(len(out), dtype=torch.int32, device=self.device)
             )
@@ -182,7 +228,7 @@ class LogitsProcessors:
             grow = max(_POOL_GROWTH, old // 2)
             self._counts = torch.cat([self._counts, self._counts.new_zeros(grow, self.vocab_size)])
             self._prompt = torch.cat([self._prompt, self._prompt.new_zeros(grow, self.vocab_size)])
-            self._free = list(range(old + grow - 1, old - 1, -1))
+            self._free = list(range(old + grow - 1, old - 1, -1))  # rows keep their numbers
         return self._free.pop()
 
     # ------------------------------------------------------------------ host to device
