@@ -52,6 +52,8 @@ class IncrementalDetokenizer:
     `decode_text(tokenizer, output_ids, skip_special_tokens, spaces_between_special_tokens)`.
     The text is that of the output alone, as `decode` gives it: `prompt_token_ids` do not change
     it. `include_stop_str_in_output`: the text ends with the stop string it stopped on.
+    `min_tokens`: no stop string is looked for until the output holds more tokens than this,
+    and then in the text that came since only (vLLM's rule).
     """
 
     def __init__(
@@ -62,8 +64,10 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens
         self.stop = tuple(s for s in stop if s)
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
@@ -130,7 +134,9 @@ class IncrementalDetokenizer:
         old_len = len(self._decoded)
         self._decoded += new_text
         end = len(self._decoded)
-        match = self._find_stop(max(0, old_len - self._longest_stop + 1))
+        match = None
+        if len(self._ids) > self.min_tokens:
+            match = self._find_stop(max(0, old_len - self._longest_stop + 1))
         if match is not None:
             end, self.stopped_on = match
             if self.include_stop_str_in_output:

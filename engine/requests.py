@@ -349,6 +349,7 @@ class RequestTracker:
                 skip_special_tokens=p.skip_special_tokens,
                 spaces_between_special_tokens=p.spaces_between_special_tokens,
                 include_stop_str_in_output=p.include_stop_str_in_output,
+                min_tokens=p.min_tokens,
             )
             entry = self._detoks[seq.seq_id] = (detok, [0])
         detok, fed = entry

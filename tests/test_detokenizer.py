@@ -255,3 +255,22 @@ def test_a_partial_match_is_held_then_released() -> None:
     assert "".join(shown) == "Hello world, hello again" and det.finish() == ""
     det = IncrementalDetokenizer(BYTE_LEVEL, [], ("again!",))
     assert det.append(ids) == "Hello world, hello " and det.finish() == "again"
+
+
+def test_min_tokens_holds_stop_strings_off_until_then():
+    """A stop string whose text is complete within the first `min_tokens` tokens does not stop
+    the output, nor is that text searched again; one completed after does (vLLM's rule)."""
+    tok = _byte_level()
+    ids = [t for w in ("Hello", " world", ",", " hello", " world") for t in tok.encode(w)]
+    first = next(i + 1 for i in range(len(ids)) if "world" in tok.decode(ids[: i + 1]))
+    stops = {}
+    for min_tokens in (0, first, len(ids)):
+        detok = IncrementalDetokenizer(tok, [], ("world",), min_tokens=min_tokens)
+        for t in ids:
+            detok.append([t])
+            if detok.stopped_on:
+                break
+        stops[min_tokens] = (detok.stopped_on, detok.text + detok.finish())
+    assert stops[0] == ("world", "Hello ")
+    assert stops[first] == ("world", "Hello world, hello ")
+    assert stops[len(ids)] == (None, "Hello world, hello world")
