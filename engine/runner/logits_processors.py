@@ -52,6 +52,7 @@ class _Plan:
     bad_words: list[int] = field(default_factory=list)  # rows
     min_tokens: list[int] = field(default_factory=list)  # rows
     counted: list[int] = field(default_factory=list)  # penalized rows drawing their own token
+    count_at: tuple[Tensor, Tensor | None] | None = None  # their pool rows, rows (None: all)
 
 
 class LogitsProcessors:
@@ -123,8 +124,18 @@ class LogitsProcessors:
         ]
         if not rows:
             return
-        pool = self._index([self._rows[seqs[r].seq_id] for r in rows])
-        drawn = tokens if len(rows) == len(tokens) else tokens.index_select(0, self._index(rows))
+        if len(rows) == len(plan.counted):  # the common case: the plan's own index tensors
+            if plan.count_at is None:
+                pool = self._index([self._rows[seqs[r].seq_id] for r in rows])
+                plan.count_at = (
+                    pool,
+                    None if rows == list(range(len(seqs))) else self._index(rows),
+                )
+            pool, at = plan.count_at
+        else:
+            pool = self._index([self._rows[seqs[r].seq_id] for r in rows])
+            at = self._index(rows)
+        drawn = tokens if at is None else tokens.index_select(0, at)
         ones = torch.ones(len(rows), dtype=torch.int32, device=self.device)
         self._counts.index_put_((pool, drawn), ones, accumulate=True)
         for r in rows:
