@@ -25,9 +25,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-# Per family, the fewest rows a call must have to dequantize and run cuBLAS. sm75: Triton's dot
-# runs on FMA units there, cuBLAS float16 on the tensor cores (no T4 was lent to time it).
-DEQUANT_ROWS: dict[str, int] = {"sm75": 32, "sm80": 256, "sm90": 256}
+# Per family, the fewest rows a call must have to dequantize and run cuBLAS. sm90: on an H100 at
+# Llama-3-8B's layers (results/quant-kernels-llama-h100.md) it took 0.71-0.78x the in-register
+# kernel's time at 1,024 rows, and at 256 rows 0.62-0.75x on q/k/v and o but 1.26-1.30x on
+# gate/up (whose dequantized write then costs more than the tile's MMA loss); sm80 takes sm90's
+# choice. sm75: Triton's dot runs on FMA units there, cuBLAS float16 on the tensor cores (no T4
+# was lent to time it).
+DEQUANT_ROWS: dict[str, int] = {"sm75": 32, "sm80": 512, "sm90": 512}
 BLOCK_N, BLOCK_K = 32, 128  # float features a program writes: 32 x 128 (8 KB in float16)
 
 
