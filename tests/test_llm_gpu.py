@@ -290,3 +290,32 @@ def test_quantized_weights_on_cuda_run_the_rounded_weights_in_graphs(tmp_path, m
     _, crowd = run(folder, prompts, quantization=method, deterministic=True)
     alone = [run(folder, [p], quantization=method, deterministic=True)[1][0] for p in prompts[:2]]
     assert crowd[:2] == alone
+
+
+@torch.no_grad()
+def test_sampling_fields_on_cuda_match_the_cpu_path(tmp_path):
+    """Penalties (the Triton pass), biases, masks, min_tokens, top and prompt logprobs on CUDA
+    with graphs and 4-step decode windows give the CPU path's greedy tokens, and logprobs within
+    1e-3."""
+    save_tiny_model("llama", tmp_path)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (4, 19, 40, 77)]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True, presence_penalty=0.7,
+        frequency_penalty=0.4, repetition_penalty=1.4, logit_bias={5: 2.0, 17: -3.0},
+        min_tokens=6, stop_token_ids=[9], logprobs=True, top_logprobs=4, prompt_logprobs=2,
+    )  # fmt: skip
+    runs = {}
+    for device, extra in (("cpu", {}), ("cuda", {"num_scheduler_steps": 4})):
+        llm = LLM(str(tmp_path), device=device, dtype="float32", num_blocks=40, block_size=16,
+                  **extra)  # fmt: skip
+        runs[device] = llm.generate(prompts, params)
+    for cpu, gpu in zip(runs["cpu"], runs["cuda"], strict=True):
+        a, b = cpu.outputs[0], gpu.outputs[0]
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
+        assert [[t for t, _ in row] for row in a.top_logprobs] == [
+            [t for t, _ in row] for row in b.top_logprobs
+        ]
+        pairs = zip(cpu.prompt_logprobs[1:], gpu.prompt_logprobs[1:], strict=True)
+        assert max(abs(x - y) for x, y in pairs) < 1e-3
