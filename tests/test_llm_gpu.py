@@ -1,5 +1,6 @@
 """engine.LLM on a CUDA device (skipped without CUDA)."""
 
+import dataclasses
 import random
 
 import pytest
@@ -305,11 +306,14 @@ def test_sampling_fields_on_cuda_match_the_cpu_path(tmp_path):
         frequency_penalty=0.4, repetition_penalty=1.4, logit_bias={5: 2.0, 17: -3.0},
         min_tokens=6, stop_token_ids=[9], logprobs=True, top_logprobs=4, prompt_logprobs=2,
     )  # fmt: skip
-    runs = {}
+    windowed = dataclasses.replace(params, logprobs=False, top_logprobs=0, prompt_logprobs=None)
+    runs, plain = {}, {}
     for device, extra in (("cpu", {}), ("cuda", {"num_scheduler_steps": 4})):
         llm = LLM(str(tmp_path), device=device, dtype="float32", num_blocks=40, block_size=16,
                   **extra)  # fmt: skip
         runs[device] = llm.generate(prompts, params)
+        plain[device] = [o.outputs[0].token_ids for o in llm.generate(prompts, windowed)]
+    assert plain["cpu"] == plain["cuda"] == [o.outputs[0].token_ids for o in runs["cpu"]]
     for cpu, gpu in zip(runs["cpu"], runs["cuda"], strict=True):
         a, b = cpu.outputs[0], gpu.outputs[0]
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
