@@ -147,8 +147,8 @@ def test_a_stop_string_across_special_tokens_matches_the_text_they_make(smol, pa
             )  # fmt: skip
             assert on.stop_reason == stop
             assert on.text == "The capital of France is " + (stop if include else "")
-            (off, *_) = _chat(smol, ignore_eos=True, stop=[stop], skip_special_tokens=not skip)
-            assert off.finish_reason == "length" and off.text == _decode(tok, ids, not skip)
+        (off, *_) = _chat(smol, ignore_eos=True, stop=[stop], skip_special_tokens=not skip)
+        assert off.finish_reason == "length" and off.text == _decode(tok, ids, not skip)
 
 
 def test_include_stop_str_in_output_with_parallel_samples(smol):
