@@ -256,3 +256,30 @@ def test_out_of_vocabulary_ids_fail_their_request_alone(tiny):
     assert outs[0].ok
     assert [o.error_code for o in outs[1:]] == ["token_out_of_vocab"] * 2
     assert "logit_bias token ids [256]" in outs[1].error
+
+
+@pytest.mark.parametrize("mode", ["swap", "deterministic"])
+def test_penalties_and_logprobs_hold_under_swap_and_deterministic(tiny, mode):
+    """Preempted by swap (the counts stay on the device while the KV is on the host), or with
+    `deterministic`: the tokens and logprobs of an unconstrained run."""
+    folder, _, prompts = tiny
+    params = dataclasses.replace(
+        GREEDY, presence_penalty=0.8, repetition_penalty=1.5, logit_bias={3: 2.0}, logprobs=True,
+        top_logprobs=2, prompt_logprobs=1,
+    )  # fmt: skip
+    big = engine(folder, block_size=16).generate(prompts, params)
+    extra = {"deterministic": True}
+    if mode == "swap":
+        extra = {"num_blocks": 8, "preemption_mode": "swap", "swap_space": 1 / 64}  # GiB
+    small = engine(folder, block_size=16, max_num_batched_tokens=16, **extra)
+    outs = small.generate(prompts, params)
+    if mode == "swap":
+        assert small.stats["scheduler"]["num_preemptions"] > 0
+    for a, b in zip(big, outs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs,
+                                               strict=True)) < TOL  # fmt: skip
+        assert all(
+            abs(x - y) < TOL
+            for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True)
+        )
