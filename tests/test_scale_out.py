@@ -50,6 +50,12 @@ def gen(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd(*args), capture_output=True, text=True, timeout=timeout, env=_env())
 
 
+# Every third line is also penalized, biased and asks for top and prompt logprobs: the replicas
+# carry those fields as one process does.
+SHAPED = {"frequency_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"5": 3},
+          "min_tokens": 4, "prompt_logprobs": 1, "logprobs": 2}  # fmt: skip
+
+
 def lines(n: int = N, max_tokens: int = 96) -> list[dict]:
     return [
         {
@@ -57,6 +63,7 @@ def lines(n: int = N, max_tokens: int = 96) -> list[dict]:
             "prompt_token_ids": [1, 7 + i % 50, 30 + i % 90, 2 + i % 13],
             "max_tokens": max_tokens,
             "logprobs": True,  # the model has no tokenizer: its tokens show as ids there
+            **(SHAPED if i % 3 == 0 else {}),
         }
         for i in range(n)
     ]
