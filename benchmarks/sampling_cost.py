@@ -16,7 +16,7 @@ of each; the figure is output tokens over the `generate` call's wall time, the m
 Prompt scoring: one request of `--score-len` prompt tokens with `prompt_logprobs` (5 top
 tokens), timed against the same prompt without, and the device's peak memory over the engine's
 steady state for each (`torch.cuda.max_memory_allocated`, CUDA only): the chunked log-softmax
-of `runner.model_runner.PROMPT_LOGPROB_BYTES`.
+of `runner.prompt_logprobs.PROMPT_LOGPROB_BYTES`.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ..models.attention import AttentionMetadata
 from .block_tables import BlockTables
 from .host_kv import HostKVCache
 from .logits_processors import LogitsProcessors
+from .prompt_logprobs import PromptLogprobs, prompt_logprobs
 from .sampler import Sampler, SamplerOutput, make_generator
 from .staging import Staging
 from .startup import StartupClock
@@ -41,7 +42,6 @@ from .step_graphs import MAX_GRAPH_BATCH, StepGraphs
 logger = logging.getLogger("pagedctl.engine")
 
 GeneratorKey = tuple[str, int]  # (request_id, sample_index)
-PROMPT_LOGPROB_BYTES = 64 * 2**20  # float32 logits a prompt-logprobs chunk holds at once
 
 
 @dataclass
@@ -71,16 +71,6 @@ class StepResult:
             mine = getattr(self, name)
             for i, row in enumerate(rows):
                 mine[row] = values[i]
-
-
-class PromptLogprobs(NamedTuple):
-    """A prefill chunk's prompt logprobs: the log-probability of prompt token `first + i` given
-    those before it (`values[i]`), with the position's most likely tokens (`top[i]`: (token id,
-    log-probability) pairs, best first)."""
-
-    first: int
-    values: list[float]
-    top: list[list[tuple[int, float]]]
 
 
 class Batch(NamedTuple):
@@ -194,7 +184,7 @@ class ModelRunner:
             self.step_counts["eager"] += 1
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         sampled: list[list[int]] = [[] for _ in out.seqs]
-        prompt = self._prompt_logprobs(out, hidden)
+        prompt = prompt_logprobs(self.model, self.staging, out, hidden)
         logit_rows = batch.logit_rows
         if not logit_rows:
             return StepResult(sampled, None, None, prompt)
@@ -241,44 +231,6 @@ class ModelRunner:
             rows = [(first[j], logit_rows[j], seqs[j].beam.num_candidates) for j in beams]
             self._beam_candidates(logits, rows, sampled, logprobs)
         return StepResult(sampled, logprobs, top, prompt)
-
-    def _prompt_logprobs(self, out: SchedulerOutput, hidden: Tensor) -> list | None:
-        """Each row's `PromptLogprobs` for the prompt positions this step computes (None for
-        rows that do not ask), or None if no row asks. Raw log-probabilities (log_softmax of
-        the model's logits, whatever `logprobs_mode`), `PROMPT_LOGPROB_BYTES` of float32
-        logits at a time."""
-        asked = [
-            i
-            for i, s in enumerate(out.seqs)
-            if s.sampling_params.prompt_logprobs is not None
-            and s.num_computed_tokens < s.num_prompt_tokens - 1
-        ]
-        if not asked:
-            return None
-        firsts = np.cumsum([0, *out.num_new_tokens])
-        result: list[PromptLogprobs | None] = [None] * len(out.seqs)
-        chunk = max(1, PROMPT_LOGPROB_BYTES // (4 * self.model.vocab_size))
-        for i in asked:
-            seq = out.seqs[i]
-            start = seq.num_computed_tokens  # positions start.. predict tokens start + 1..
-            stop = min(start + out.num_new_tokens[i], seq.num_prompt_tokens - 1)
-            k = seq.sampling_params.prompt_logprobs
-            values, top = [], []
-            for a in range(start, stop, chunk):
-                b = min(a + chunk, stop)
-                rows = torch.arange(a - start, b - start, device=hidden.device) + int(firsts[i])
-                lp = torch.log_softmax(
-                    self.model.compute_logits(hidden.index_select(0, rows)).float(), dim=-1
-                )
-                targets = self.staging.to_device(np.asarray(seq.token_ids[a + 1 : b + 1]))
-                values += lp.gather(1, targets[:, None]).squeeze(1).tolist()
-                if k:
-                    best, ids = (t.tolist() for t in lp.topk(k, dim=-1))
-                    top += [list(zip(t, v, strict=True)) for t, v in zip(ids, best, strict=True)]
-                else:
-                    top += [[] for _ in range(b - a)]
-            result[i] = PromptLogprobs(start + 1, values, top)
-        return result
 
     def _beam_candidates(self, logits: Tensor, rows: list, sampled: list, logprobs: list) -> None:
         """Each beam's best candidates by float32 log-softmax (as transformers scores them);
