@@ -137,16 +137,8 @@ class RequestTracker:
     def _token_fields(self, params: SamplingParams) -> SamplingParams:
         """`params` with its bad words tokenized; BadRequest for a token id of `logit_bias` or
         `allowed_token_ids` outside the vocabulary, or bad words without a tokenizer."""
-        for name, ids in (
-            ("logit_bias", [t for t, _ in params.logit_bias]),
-            ("allowed_token_ids", params.allowed_token_ids),
-        ):
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise BadRequest(
-                    "token_out_of_vocab",
-                    f"{name} token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
-                )
+        self._check_in_vocab([t for t, _ in params.logit_bias], "logit_bias token ids")
+        self._check_in_vocab(params.allowed_token_ids, "allowed_token_ids token ids")
         if not params.bad_words or params.bad_words_token_ids:  # none, or tokenized already
             return params
         if self.tokenizer is None:
@@ -166,17 +158,21 @@ class RequestTracker:
         if isinstance(item, str):
             return item, self._encode(item, add_special_tokens=True)
         if isinstance(item, list | tuple) and all(isinstance(t, int) for t in item):
-            bad = [t for t in item if not 0 <= t < self.vocab_size]
-            if bad:
-                raise BadRequest(
-                    "token_out_of_vocab",
-                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
-                )
+            self._check_in_vocab(item, "token ids")
             return None, list(item)
         raise BadRequest(
             "invalid_prompt",
             f"a prompt is text, a list of token ids or chat messages, not {type(item).__name__}",
         )
+
+    def _check_in_vocab(self, ids, what: str) -> None:
+        """BadRequest (`token_out_of_vocab`) naming the first of `ids` outside the vocabulary."""
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequest(
+                "token_out_of_vocab",
+                f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+            )
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if self.tokenizer is None:

@@ -66,17 +66,12 @@ def _token_pieces(
             f"sample {sample.index} has {len(sample.logprobs or ())} logprobs for "
             f"{len(sample.token_ids)} tokens (an engine bug); write an error_record instead"
         )
-    if token_bytes is None:
-        return [(f"token_id:{t}", None) for t in sample.token_ids]
-    pieces = []
-    for t in sample.token_ids:
-        raw = token_bytes(t)
-        pieces.append((raw.decode("utf-8", errors="replace"), raw))
-    return pieces
+    return [_piece(t, token_bytes) for t in sample.token_ids]
 
 
 def _piece(token_id: int, token_bytes: TokenBytes | None) -> tuple[str, bytes | None]:
-    """One token's (text, exact bytes), as `_token_pieces` gives them."""
+    """One token's (text, exact bytes): its bytes decoded (U+FFFD for part of a character), or
+    without a tokenizer vLLM's "token_id:<id>" and no bytes."""
     if token_bytes is None:
         return f"token_id:{token_id}", None
     raw = token_bytes(token_id)
