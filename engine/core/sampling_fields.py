@@ -64,6 +64,8 @@ class SamplingField:
             log-probabilities, gathered from each step's logits), so it keeps the sequence out
             of a multi-step decode window, which samples k tokens before the host sees any
             (`SamplingParams.multi_step`).
+        shapes: a value other than the default has a logits processor reshape the sequence's
+            logits before sampling (`SamplingParams.shapes_logits`, `runner.logits_processors`).
         job: a job's defaults may set it (a recipe's `sampling:` key).
         flag: the help of the `pagedctl generate` flag that sets the job's default ("": none).
     """
@@ -82,6 +84,7 @@ class SamplingField:
     beam: str = "beams"
     beam_name: str = ""
     one_step: bool = False
+    shapes: bool = False
     job: bool = False
     flag: str = ""
 

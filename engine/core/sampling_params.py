@@ -162,6 +162,7 @@ class SamplingParams:
         low=-2,
         high=2,
         beam="refused",
+        shapes=True,
         job=True,
     )
     frequency_penalty: float = sampling_field(
@@ -171,6 +172,7 @@ class SamplingParams:
         low=-2,
         high=2,
         beam="refused",
+        shapes=True,
         job=True,
     )
     repetition_penalty: float = sampling_field(
@@ -182,6 +184,7 @@ class SamplingParams:
         low_open=True,
         note="1 is off",
         beam="refused",
+        shapes=True,
         job=True,
     )
     logit_bias: tuple[tuple[int, float], ...] = sampling_field(
@@ -190,9 +193,14 @@ class SamplingParams:
         "as OpenAI clamps them)",
         "bias",
         beam="refused",
+        shapes=True,
     )
     allowed_token_ids: tuple[int, ...] = sampling_field(
-        (), "the only token ids that may be sampled (none: any)", "ints", beam="refused"
+        (),
+        "the only token ids that may be sampled (none: any)",
+        "ints",
+        beam="refused",
+        shapes=True,
     )
     bad_words: tuple[str, ...] = sampling_field(
         (),
@@ -200,6 +208,7 @@ class SamplingParams:
         "other tokens (vLLM's rule: each word with and without a leading space)",
         "strs",
         beam="refused",
+        shapes=True,
         one_step=True,  # matched against the output's last tokens, on the host
     )
     min_tokens: int = sampling_field(
@@ -209,6 +218,7 @@ class SamplingParams:
         "int",
         low=0,
         beam="refused",
+        shapes=True,
     )
     cache_salt: str | None = sampling_field(
         None,
@@ -237,7 +247,7 @@ class SamplingParams:
         object.__setattr__(self, "_stop_ids", frozenset(self.stop_token_ids))
         steps = all(spec.at_default(getattr(self, name)) for name, spec in _ONE_STEP.items())
         object.__setattr__(self, "_multi_step", steps)
-        shaped = any(not _PROCESSORS[name].at_default(getattr(self, name)) for name in _PROCESSORS)
+        shaped = any(not spec.at_default(getattr(self, n)) for n, spec in _PROCESSORS.items())
         object.__setattr__(self, "_shapes_logits", shaped)
 
     @property
@@ -280,10 +290,4 @@ class SamplingParams:
 SAMPLING_FIELDS: dict[str, SamplingField] = specs(SamplingParams)
 _check = params_check(SAMPLING_FIELDS)
 _ONE_STEP = {name: spec for name, spec in SAMPLING_FIELDS.items() if spec.one_step}
-_PROCESSORS = {  # the fields a logits processor acts on (`shapes_logits`)
-    name: SAMPLING_FIELDS[name]
-    for name in (
-        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-        "allowed_token_ids", "bad_words", "min_tokens",
-    )
-}  # fmt: skip
+_PROCESSORS = {name: spec for name, spec in SAMPLING_FIELDS.items() if spec.shapes}
