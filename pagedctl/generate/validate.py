@@ -251,7 +251,8 @@ def parse_sampling(
     OpenAI refuses it); the default one is a cap (a long prompt gets what the model has left).
     """
     body = _integers(body, endpoint)
-    if parse_echo(body, endpoint) == "prompt_only":  # max_tokens 0: one token drawn, not shown
+    echo = parse_echo(body, endpoint)
+    if echo == "prompt_only":  # max_tokens 0: one token drawn, not shown
         body = {**body, **{k: 1 for k in _MAX_TOKENS if body.get(k) == 0}}
     beam = _use_beam_search(body.get("use_beam_search"))
     s: dict[str, Any] = {"max_tokens": _max_tokens(body, max_tokens_limit, default_max_tokens)}
@@ -282,7 +283,6 @@ def parse_sampling(
         if top > 1 or (top and not beam):  # a beam's hypotheses carry their own tokens'
             s["top_logprobs"] = top
     _top_logprobs(s, body, endpoint)
-    echo = parse_echo(body, endpoint)
     if echo and s.get("logprobs"):  # the prompt's tokens carry logprobs too (as vLLM)
         s["prompt_logprobs"] = max(s.get("prompt_logprobs") or 0, s.get("top_logprobs", 0))
     if beam:
@@ -447,9 +447,6 @@ def _top_logprobs(s: dict, body: dict, endpoint: str) -> None:
         )
     if s["top_logprobs"] and not s.get("logprobs"):
         raise FieldError("invalid_field", 'top_logprobs needs "logprobs": true')
-
-
-ECHO_FORMS = ("echo", "prompt_only")
 
 
 def parse_echo(body: dict, endpoint: str) -> str | None:
