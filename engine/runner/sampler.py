@@ -70,13 +70,9 @@ class Sampler:
         logits: Tensor,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
-        processed: Tensor | None = None,
     ) -> SamplerOutput:
-        """Sample row r with `params[r]`, drawing its randomness from `generators[r]`, from
-        `processed` (the logits after the logits processors) where given, else from `logits`
-        (the model's: what the raw logprobs modes report)."""
-        shaped = logits if processed is None else processed
-        return self.result(logits, shaped, params, self.sample(shaped, params, generators))
+        """Sample row r with `params[r]`, drawing its randomness from `generators[r]`."""
+        return self.result(logits, logits, params, self.sample(logits, params, generators))
 
     def result(
         self, logits: Tensor, shaped: Tensor, params: list[SamplingParams], tokens: Tensor
