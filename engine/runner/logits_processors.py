@@ -69,11 +69,6 @@ class LogitsProcessors:
         self._prompt = torch.zeros((0, vocab_size), dtype=torch.bool, device=device)
         self._plan: _Plan | None = None
 
-    @property
-    def pool_bytes(self) -> int:
-        """Device bytes the penalties' state holds now."""
-        return self._counts.nbytes + self._prompt.nbytes
-
     def apply(self, logits: Tensor, seqs: list[Sequence], offset: int = 0) -> Tensor:
         """Row r of `logits` ([rows, vocab]) shaped by `seqs[r]`'s fields, as if its output held
         `offset` more tokens than the host has seen (a window's later steps). Returns `logits`
